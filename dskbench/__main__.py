@@ -1,0 +1,3 @@
+from dskbench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The adapter registry: kernel name -> Adapter. Modules are imported on first use (they import torch)."""
+
+from __future__ import annotations
+
+import importlib
+
+from dskbench.adapters.base import Adapter
+
+# One module per kernel family. A module registers its adapters with @register when imported.
+MODULES = (
+    "dskbench.adapters.norm",
+    "dskbench.adapters.activation",
+    "dskbench.adapters.rope",
+    "dskbench.adapters.quant",
+    "dskbench.adapters.gemm",
+    "dskbench.adapters.moe",
+    "dskbench.adapters.routing",
+    "dskbench.adapters.attention",
+    "dskbench.adapters.sampling",
+    "dskbench.adapters.speculative",
+    "dskbench.adapters.nvfp4",
+    "dskbench.adapters.misc",
+)
+
+_REGISTRY: dict[str, type[Adapter]] = {}
+_loaded = False
+
+
+def register(cls: type[Adapter]) -> type[Adapter]:
+    """Class decorator: make `cls` the adapter of `cls.kernel`."""
+    if cls.kernel in _REGISTRY and _REGISTRY[cls.kernel] is not cls:
+        raise ValueError(
+            f"two adapters for kernel {cls.kernel!r}: {_REGISTRY[cls.kernel].__name__}, {cls.__name__}"
+        )
+    _REGISTRY[cls.kernel] = cls
+    return cls
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for mod in MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:  # a dependency is missing, not the module itself
+                raise
+    _loaded = True
+
+
+def adapters() -> dict[str, type[Adapter]]:
+    _load_all()
+    return dict(_REGISTRY)
+
+
+def get_adapter(kernel: str) -> Adapter | None:
+    cls = adapters().get(kernel)
+    return cls() if cls else None

@@ -1,0 +1,143 @@
+"""What an adapter is: how to build one kernel's inputs at a Case, its torch reference, its backends,
+and its minimum memory traffic and FLOPs.
+
+Adding a backend to a kernel is one line in its adapter's ``backends`` list. Adding a kernel is one
+class with ``@register``. The runner (dskbench/runner.py) does everything else: gating, resolution,
+correctness against the reference on fresh inputs, timing through dskbench.measure, and metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from dskbench.backends import CPU_OK, Backend
+from dskbench.shapes import Case
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Minimum traffic: each input read once, each output written once (scales and FP4 packing counted)."""
+
+    bytes: int
+    flops: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    error: float  # relative error ||out - ref|| / ||ref|| (or the adapter's own measure, see detail)
+    tolerance: float
+    detail: str = ""
+
+
+# Relative-error tolerances by output dtype name (METHOD.md: fp32 far under 1e-3, bf16 1e-3..1e-2).
+TOLERANCES = {
+    "float64": 1e-9,
+    "float32": 1e-4,
+    "float16": 2e-3,
+    "bfloat16": 1.6e-2,
+    "float8_e4m3fn": 7e-2,
+    "float8_e5m2": 1.3e-1,
+}
+
+
+def dtype_name(x: Any) -> str:
+    return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+
+
+def rel_error(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| in float64; inf when shapes differ or out has NaN/Inf."""
+    import torch
+
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    if o.shape != r.shape:
+        return float("inf")
+    if not torch.isfinite(o).all():
+        return float("inf")
+    denom = torch.linalg.vector_norm(r).item()
+    num = torch.linalg.vector_norm(o - r).item()
+    if denom == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / denom
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, list | tuple) else (x,)
+
+
+class Adapter:
+    """One traced kernel. Subclasses set the class attributes and implement the four methods."""
+
+    kernel: ClassVar[str]  # the registry name (kernels_registry/<kernel>.yaml)
+    role: ClassVar[str]  # which view of an op's shapes it reads (shapes file `roles`)
+    backends: ClassVar[list[Backend]] = []
+    # Ops to use when the registry entry names none that has this adapter's role (e.g. a kernel whose
+    # trace gives no op, or a Hopper replacement measured at an NVFP4 op's shapes).
+    ops: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+
+    # -- to implement -----------------------------------------------------------------------------
+    def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
+        """Fresh random inputs (never zeros) shaped as SGLang feeds the kernel for DeepSeek-R1."""
+        raise NotImplementedError
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> Any:
+        """The torch oracle, in float32/float64. Must not modify `inputs`."""
+        raise NotImplementedError
+
+    def traffic(self, case: Case) -> Traffic:
+        raise NotImplementedError
+
+    # -- optional ---------------------------------------------------------------------------------
+    def applies(self, case: Case) -> bool:
+        """False drops the case silently (e.g. an FP8 GEMM kernel at an op whose weight is BF16 here)."""
+        return True
+
+    def skip_reason(self, case: Case) -> str | None:
+        """A reason this kernel does not apply to this case (e.g. dsv3_fused_a_gemm needs T <= 16)."""
+        return None
+
+    def check(self, out: Any, ref: Any, case: Case) -> Check:
+        """Default: relative Frobenius error of each output tensor against a dtype-set tolerance."""
+        outs, refs = _as_tuple(out), _as_tuple(ref)
+        if len(outs) != len(refs):
+            return Check(False, float("inf"), 0.0, f"{len(outs)} outputs, reference has {len(refs)}")
+        errs = [(rel_error(o, r), self.tolerance(o, case)) for o, r in zip(outs, refs, strict=True)]
+        worst_err, worst_tol = max(errs, key=lambda et: et[0] / et[1])
+        detail = " ".join(f"out{i}:{e:.2e}/{t:.0e}" for i, (e, t) in enumerate(errs))
+        return Check(all(e <= t for e, t in errs), worst_err, worst_tol, detail)
+
+    def tolerance(self, out: Any, case: Case) -> float:
+        return TOLERANCES.get(dtype_name(out), 1e-2)
+
+    def reference_backend(self) -> Backend:
+        """The torch reference as a timed backend (the only one on a CPU-only machine)."""
+        return Backend(
+            name="torch-ref",
+            target=None,
+            package="torch",
+            kind="torch",
+            bind=self._bind_reference,
+            requires=CPU_OK,
+            capturable=False,
+            note="fp32 torch reference (the correctness oracle)",
+        )
+
+    def all_backends(self) -> list[Backend]:
+        return [*self.backends, self.reference_backend()]
+
+    def _bind_reference(self, fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+        return lambda: self.reference(inputs, case)
+
+
+def input_bytes(inputs: dict[str, Any]) -> int:
+    """Bytes of the tensors in an input set (decides how many sets to rotate through)."""
+    total = 0
+    for v in inputs.values():
+        if hasattr(v, "element_size") and hasattr(v, "numel"):
+            total += v.element_size() * v.numel()
+    return total

@@ -1,0 +1,177 @@
+"""Backends: one implementation of a kernel, declared lazily as a target string with its requirements.
+
+A target is ``"package.module:attr.sub"`` or ``"torch.ops.<ns>.<op>.<overload>"`` (the latter imports the
+modules in ``preload`` first, so the library registers its ops). Nothing is imported until a backend is
+resolved, so listing and gating work on any machine. Packages move kernels between releases; a backend
+may list ``fallbacks`` that are tried in order, and the target that really resolved is recorded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# kind of build, recorded with results
+KINDS = ("aot", "jit", "triton", "cutedsl", "cubin", "torch", "host")
+
+
+class Unavailable(RuntimeError):
+    """The backend's code is not in this install (module or attribute missing, import failed)."""
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What a backend needs from the machine. Compute capability is written major*10+minor (90, 100)."""
+
+    cuda: bool = True
+    min_sm: int | None = None
+    sm: tuple[int, ...] | None = None  # exact list, e.g. (100, 103) for tcgen05-only kernels
+    gpus: int = 1
+
+    def reason_unmet(self, device: DeviceInfo) -> str | None:
+        """A `skipped: ...` reason, or None when the machine qualifies."""
+        if not self.cuda:
+            return None
+        if device.kind != "cuda":
+            need = f"sm{self.sm[0]}" if self.sm else (f"sm{self.min_sm}+" if self.min_sm else "a CUDA GPU")
+            return f"needs {need} (found no CUDA GPU)"
+        if self.sm is not None and device.sm not in self.sm:
+            want = "/".join(f"sm{s}" for s in self.sm)
+            return f"needs {want} (found sm{device.sm})"
+        if self.min_sm is not None and device.sm < self.min_sm:
+            return f"needs sm{self.min_sm}+ (found sm{device.sm})"
+        if self.gpus > device.count:
+            return f"needs {self.gpus} GPUs (found {device.count})"
+        return None
+
+
+SM100 = Requirement(sm=(100, 103))
+SM90_ONLY = Requirement(sm=(90,))
+ANY_CUDA = Requirement()
+CPU_OK = Requirement(cuda=False)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cuda" or "cpu"
+    name: str = "cpu"
+    sm: int = 0
+    count: int = 0
+
+    @classmethod
+    def detect(cls, want: str = "cuda") -> DeviceInfo:
+        if want == "cpu":
+            return cls("cpu")
+        try:
+            import torch
+        except ImportError:
+            return cls("cpu")
+        if not torch.cuda.is_available():
+            return cls("cpu")
+        major, minor = torch.cuda.get_device_capability()
+        return cls("cuda", torch.cuda.get_device_name(), major * 10 + minor, torch.cuda.device_count())
+
+
+# bind(fn, inputs, case) -> zero-argument launcher that runs the kernel once and returns its output.
+# Anything that is set-up (plan(), workspace allocation, weight shuffles) happens in bind, not the launcher.
+Binder = Callable[[Any, dict[str, Any], Any], Callable[[], Any]]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # unique within a kernel: sgl_kernel, sglang_jit, flashinfer, triton, torch, ...
+    target: str | None  # None: the adapter's own torch reference
+    package: str | None  # distribution recorded; None: inferred from the target (sgl_kernel -> sglang-kernel)
+    kind: str
+    bind: Binder
+    requires: Requirement = ANY_CUDA
+    preload: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    capturable: bool = True  # False: timed eagerly (and reported so)
+    dispatches_to: str | None = None  # a wrapper that forwards elsewhere says where
+    label: str | None = None  # e.g. "Hopper path for cutlass_scaled_fp4_mm"
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"backend {self.name}: unknown kind {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    fn: Any
+    target: str
+    package: str | None
+    version: str | None
+
+
+# top-level module -> distribution name on PyPI
+DISTRIBUTIONS = {
+    "sgl_kernel": "sglang-kernel",
+    "sglang": "sglang",
+    "flashinfer": "flashinfer-python",
+    "torch": "torch",
+    "triton": "triton",
+    "dskbench": "dskbench",
+}
+
+
+def distribution_of(target: str) -> str | None:
+    top = target.split(":", 1)[0].split(".")[0]
+    if target.startswith("torch.ops."):
+        top = target.split(".")[2]
+    return DISTRIBUTIONS.get(top)
+
+
+def package_version(dist: str | None) -> str | None:
+    if not dist:
+        return None
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def import_target(target: str, preload: tuple[str, ...] = ()) -> Any:
+    """Import what a target string names. Raises Unavailable with the reason."""
+    try:
+        for mod in preload:
+            importlib.import_module(mod)
+        if target.startswith("torch.ops."):
+            import torch
+
+            obj: Any = torch.ops
+            for part in target.split(".")[2:]:
+                obj = getattr(obj, part)
+            return obj
+        if ":" not in target:
+            raise Unavailable(f"bad target {target!r}: expected 'module:attr'")
+        mod_name, attr = target.split(":", 1)
+        obj = importlib.import_module(mod_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except Unavailable:
+        raise
+    except (ImportError, AttributeError, RuntimeError, OSError) as e:
+        raise Unavailable(f"{target}: {type(e).__name__}: {e}") from None
+
+
+def resolve(backend: Backend) -> Resolved:
+    """Find the backend's callable: its target, else each fallback; say what was tried if none exists."""
+    if backend.target is None:
+        return Resolved(None, "reference", backend.package, package_version(backend.package))
+    tried: list[str] = []
+    for target in (backend.target, *backend.fallbacks):
+        try:
+            fn = import_target(target, backend.preload)
+        except Unavailable as e:
+            tried.append(str(e))
+            continue
+        dist = distribution_of(target) if target != backend.target or not backend.package else backend.package
+        return Resolved(fn, target, dist, package_version(dist))
+    raise Unavailable("not available in this install: " + "; ".join(tried))
