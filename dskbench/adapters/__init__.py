@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 from dskbench.adapters.base import Adapter
 
 # One module per kernel family. A module registers its adapters with @register when imported.
+# DSKBENCH_EXTRA_ADAPTERS=mod1,mod2 imports more modules (tests use it for fake kernels).
 MODULES = (
     "dskbench.adapters.norm",
     "dskbench.adapters.activation",
@@ -40,7 +42,8 @@ def _load_all() -> None:
     global _loaded
     if _loaded:
         return
-    for mod in MODULES:
+    extra = tuple(m for m in os.environ.get("DSKBENCH_EXTRA_ADAPTERS", "").split(",") if m.strip())
+    for mod in (*MODULES, *extra):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:

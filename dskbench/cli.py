@@ -1,0 +1,219 @@
+"""Command line: `dskbench registry generate | list | run | report | compare`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dskbench import paths
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+SWEEPS = ("decode", "prefill", "decode_graph")
+
+
+def _csv_ints(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dskbench", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    reg = sub.add_parser("registry", help="the kernel registry generated from the trace documents")
+    reg_sub = reg.add_subparsers(dest="registry_command", required=True)
+    gen = reg_sub.add_parser("generate", help="(re)generate kernels_registry/ from traces/")
+    gen.add_argument("--traces", nargs="+", type=Path, help="trace documents (default: every .md in traces/)")
+    gen.add_argument("--out", type=Path, help="output folder (default: kernels_registry/)")
+    gen.add_argument("--check", action="store_true", help="fail if the committed registry differs")
+
+    ls = sub.add_parser("list", help="kernels in the registry, their status, adapter and backends")
+    ls.add_argument("--status", help="only kernels with this status (benchmark, host-only, ...)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+
+    run = sub.add_parser("run", help="check and time kernels over a sweep; results as JSON lines")
+    run.add_argument("--kernel", action="append", help="kernel name (repeatable; default: all)")
+    run.add_argument("--backend", action="append", help="backend name (repeatable; default: all but torch-ref)")
+    run.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
+    run.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
+    run.add_argument("--out", type=Path, help="results file (default: results/<run>.jsonl)")
+    run.add_argument("--quick", action="store_true", help="fewer sweep points and a shorter time budget")
+    run.add_argument("--tp", type=_csv_ints, default=(1,), help="tensor-parallel degrees, e.g. 1,4,8 (default 1)")
+    run.add_argument("--mode", choices=("cold", "hot", "rotate"), default="cold", help="L2 state (default cold)")
+    run.add_argument("--seed", type=int, help="input seed (default: fresh inputs every run)")
+    run.add_argument("--budget", type=float, help="time budget per case, seconds")
+    run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
+    run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+
+    rep = sub.add_parser("report", help="HTML and Markdown report of results files")
+    rep.add_argument("results", nargs="+", type=Path)
+    rep.add_argument("--out", type=Path, required=True, help="output folder")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "registry":
+            from dskbench.registry import cli_generate
+
+            return cli_generate(args.traces, args.out, args.check)
+        if args.command == "list":
+            return cmd_list(args)
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "report":
+            return cmd_report(args)
+    except KeyboardInterrupt:
+        print("interrupted; results written so far are kept", file=sys.stderr)
+        return 130
+    return EXIT_USAGE
+
+
+def _registry_and_shapes():
+    from dskbench.registry import load_registry
+    from dskbench.shapes import default_shapes
+
+    return load_registry(paths.REGISTRY_DIR), default_shapes()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from dskbench.adapters import adapters
+
+    registry, _shapes = _registry_and_shapes()
+    known = adapters()
+    rows = []
+    for name in sorted(registry):
+        e = registry[name]
+        if args.status and e.status != args.status:
+            continue
+        a = known.get(name)
+        rows.append(
+            {
+                "kernel": name,
+                "category": e.category,
+                "source": e.source,
+                "status": e.status,
+                "ops": len(e.op_names),
+                "adapter": a.__name__ if a else None,
+                "backends": [b.name for b in a.backends] if a else [],
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return EXIT_OK
+    print(f"{'kernel':42} {'category':14} {'source':11} {'status':16} ops  backends")
+    for r in rows:
+        b = ", ".join(r["backends"]) if r["adapter"] else "(no adapter)"
+        print(f"{r['kernel']:42} {r['category'] or '':14} {r['source'] or '':11} {r['status']:16} {r['ops']:3}  {b}")
+    print(f"{len(rows)} kernels, {sum(1 for r in rows if r['adapter'])} with an adapter")
+    return EXIT_OK
+
+
+def _device_choice(requested: str | None) -> tuple[str, str | None]:
+    """The device to run on, and a message to print (or an error)."""
+    from dskbench.backends import DeviceInfo
+
+    found = DeviceInfo.detect("cuda")
+    if requested == "cuda" and found.kind != "cuda":
+        raise SystemExit(
+            "dskbench: --device cuda, but no CUDA GPU is visible to torch (torch.cuda.is_available() is False).\n"
+            "Run `dskbench run --device cpu` to time the torch references on the CPU instead."
+        )
+    if requested is None and found.kind != "cuda":
+        return "cpu", "no CUDA GPU found: timing the torch reference implementations on the CPU (capped sweep)"
+    return requested or "cuda", None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels
+
+    device, note = _device_choice(args.device)
+    if note:
+        print(note, file=sys.stderr)
+    sweeps = args.sweep or ["decode", "prefill"]
+    if "all" in sweeps:
+        sweeps = list(SWEEPS)
+    profile = "cpu" if device == "cpu" else ("quick" if args.quick else "full")
+    opts = SweepOptions(
+        device=device,
+        phases=tuple(sweeps),
+        profile=profile,
+        tp=args.tp,
+        mode=args.mode,
+        seed=args.seed,
+        isolate=not args.no_isolate,
+        budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
+    )
+    registry, shapes = _registry_and_shapes()
+    try:
+        kernels = select_kernels(registry, args.kernel)
+        items, skips = plan_sweep(registry, shapes, kernels, args.backend, opts)
+    except PlanError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        for it in items:
+            print(f"{it.case_id}  {it.backend}")
+        for s in skips:
+            print(f"{s['kernel']}  skipped: {s['reason']}")
+        print(f"{len(items)} cases to run, {len(skips)} kernels skipped at planning")
+        return EXIT_OK
+    out = args.out or paths.RESULTS_DIR / f"run-{device}-{_stamp()}.jsonl"
+    print(f"{len(items)} cases on {device} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
+    summary = run_sweep(items, skips, opts, out, progress=Progress(len(items)))
+    print(summary.line())
+    return EXIT_OK
+
+
+def _stamp() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+class Progress:
+    """A progress bar on a terminal, one line per case otherwise (logs stay readable)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
+
+    def __call__(self, item: Any, status: str, fields: dict[str, Any]) -> None:
+        self.done += 1
+        t = fields.get("timing") or {}
+        lat = f"{t['median_us']:10.2f} us" if "median_us" in t else " " * 13
+        why = "" if status == "ok" else f"  ({str(fields.get('reason', ''))[:80]})"
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        line = f"[{bar}] {self.done}/{self.total} {status:7} {lat}  {item.case_id} · {item.backend}{why}"
+        if self.tty:
+            end = "\n" if status != "ok" or self.done == self.total else ""
+            sys.stderr.write("\r\x1b[2K" + line + end)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from dskbench.report import write_report
+    from dskbench.results import ResultsError, read_runs
+
+    try:
+        runs = read_runs(args.results)
+    except ResultsError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    written = write_report(runs, args.out)
+    for p in written:
+        print(p)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

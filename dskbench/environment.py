@@ -1,0 +1,95 @@
+"""The environment block stored with every run: machine, GPU, driver, library versions, git commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import socket
+import subprocess
+import uuid
+from typing import Any
+
+from dskbench import __version__, paths
+from dskbench.backends import DeviceInfo, package_version
+
+# Distributions whose versions decide what a kernel measurement means.
+TRACKED_PACKAGES = (
+    "torch",
+    "triton",
+    "sglang-kernel",
+    "flashinfer-python",
+    "sglang",
+    "apache-tvm-ffi",
+    "nvidia-ml-py",
+    "asv",
+    "asv_runner",
+    "pytest-benchmark",
+)
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def versions() -> dict[str, str | None]:
+    v = {name: package_version(name) for name in TRACKED_PACKAGES}
+    v["dskbench"] = __version__
+    v["python"] = platform.python_version()
+    try:
+        import torch
+
+        v["torch"] = torch.__version__
+        v["cuda_runtime"] = torch.version.cuda
+    except ImportError:
+        pass
+    return v
+
+
+def device_block(device: DeviceInfo) -> dict[str, Any]:
+    block: dict[str, Any] = {"kind": device.kind, "name": device.name, "sm": device.sm, "count": device.count}
+    if device.kind != "cuda":
+        block["cpu"] = platform.processor() or platform.machine()
+        block["cores"] = os.cpu_count()
+        return block
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    block.update(
+        memory_gib=round(props.total_memory / 2**30, 1),
+        multiprocessors=props.multi_processor_count,
+        l2_bytes=getattr(props, "L2_cache_size", None),
+    )
+    try:
+        from dskbench.measure import gpu_identity
+
+        block.update(gpu_identity() or {})
+    except Exception as e:  # NVML is optional; say why it is missing
+        block["nvml_error"] = f"{type(e).__name__}: {e}"
+    return block
+
+
+def environment(device: DeviceInfo) -> dict[str, Any]:
+    return {
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "device": device_block(device),
+        "versions": versions(),
+        "git": git_state(),
+    }

@@ -1,0 +1,433 @@
+"""The sweep: plan (kernel x case x backend), run each item checked-then-timed, write results as they finish.
+
+Items run in a worker subprocess (dskbench/worker.py). A kernel that kills its process or poisons the
+CUDA context (illegal address, device assert) loses only its own item: the parent records it as
+``error`` with the worker's last words and starts a fresh worker at the next item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dskbench.adapters import get_adapter
+from dskbench.backends import Backend, DeviceInfo, Unavailable, resolve
+from dskbench.results import ResultsWriter, environment_record, result_record
+from dskbench.shapes import Case, ModelShapes
+
+# Substrings of errors after which the CUDA context cannot be trusted: the worker exits and is replaced.
+POISONING_ERRORS = (
+    "illegal memory access",
+    "illegal instruction",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "CUDA error: an illegal",
+    "cudaErrorLaunchFailure",
+    "context is destroyed",
+)
+EXIT_POISONED = 3
+MODES = ("cold", "hot", "rotate")
+
+
+class PlanError(ValueError):
+    """A sweep request that names something that does not exist."""
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    index: int
+    kernel: str
+    backend: str
+    case: dict[str, Any]
+
+    @property
+    def case_id(self) -> str:
+        return Case.from_json(self.case).id
+
+
+@dataclass
+class SweepOptions:
+    device: str = "cuda"  # "cuda" or "cpu"
+    phases: tuple[str, ...] = ("decode", "prefill")
+    profile: str = "full"  # full | quick | cpu
+    tp: tuple[int, ...] = (1,)
+    mode: str = "cold"
+    seed: int | None = None  # None: fresh inputs every run
+    isolate: bool = True
+    budget_s: float | None = None  # per-case time budget override
+    measure_ceilings: bool = True
+
+
+# -- planning -------------------------------------------------------------------------------------------
+
+
+def select_kernels(registry: dict[str, Any], names: list[str] | None) -> list[str]:
+    if not names:
+        return sorted(registry)
+    out = []
+    by_alias = {a: e.name for e in registry.values() for a in getattr(e, "aliases", ())}
+    for n in names:
+        if n in registry:
+            out.append(n)
+        elif n in by_alias:
+            out.append(by_alias[n])
+        else:
+            close = difflib.get_close_matches(n, list(registry) + list(by_alias), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; `dskbench list` shows them all"
+            raise PlanError(f"unknown kernel {n!r}{hint}")
+    return out
+
+
+def plan_sweep(
+    registry: dict[str, Any],
+    shapes: ModelShapes,
+    kernels: list[str],
+    backends: list[str] | None,
+    opts: SweepOptions,
+) -> tuple[list[WorkItem], list[dict[str, Any]]]:
+    """Work items to run, and the `skipped` records decided without running anything."""
+    items: list[WorkItem] = []
+    skips: list[dict[str, Any]] = []
+    known_backends: set[str] = set()
+    for name in kernels:
+        entry = registry[name]
+        if entry.status != "benchmark":
+            skips.append({"kernel": name, "case_id": name, "reason": f"{entry.status}: {entry.status_reason}"})
+            continue
+        adapter = get_adapter(name)
+        if adapter is None:
+            skips.append({"kernel": name, "case_id": name, "reason": "no adapter for this kernel yet"})
+            continue
+        all_b = adapter.all_backends()
+        known_backends.update(b.name for b in all_b)
+        chosen = [b for b in all_b if _backend_selected(b, backends, opts.device)]
+        ops = [op for op in entry.op_names if shapes.ops.get(op) and shapes.ops[op].roles.get(adapter.role)]
+        if not ops:
+            ops = list(adapter.ops)
+        for phase in opts.phases:
+            for case in shapes.cases(name, ops, adapter.role, phase, opts.profile, list(opts.tp)):
+                if not adapter.applies(case):
+                    continue
+                for b in chosen:
+                    items.append(WorkItem(len(items), name, b.name, case.to_json()))
+    if backends:
+        unknown = sorted(set(backends) - known_backends)
+        if unknown:
+            raise PlanError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(sorted(known_backends))}")
+    return items, skips
+
+
+def _backend_selected(b: Backend, wanted: list[str] | None, device: str) -> bool:
+    if wanted:
+        return b.name in wanted
+    if device == "cpu":
+        return b.name == "torch-ref"  # the only thing a CPU can run
+    return b.name != "torch-ref"  # on a GPU the reference is the oracle, not a contender
+
+
+# -- one item --------------------------------------------------------------------------------------------
+
+
+def case_seed(run_seed: int, case_id: str, backend: str) -> int:
+    return (run_seed + zlib.crc32(f"{case_id}|{backend}".encode())) % 2**31
+
+
+def backend_block(b: Backend, resolved: Any = None) -> dict[str, Any]:
+    block: dict[str, Any] = {
+        "name": b.name,
+        "kind": b.kind,
+        "target": b.target,
+        "package": b.package,
+        "label": b.label,
+        "dispatches_to": b.dispatches_to,
+        "capturable": b.capturable,
+    }
+    if resolved is not None:
+        block.update(resolved_target=resolved.target, package=resolved.package, version=resolved.version)
+    return block
+
+
+def execute_item(
+    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: dict | None
+) -> dict[str, Any]:
+    """Gate, resolve, build inputs, check against the reference, then time. Returns the record fields."""
+    case = Case.from_json(item.case)
+    adapter = get_adapter(item.kernel)
+    if adapter is None:
+        raise PlanError(f"no adapter for {item.kernel}")
+    backend = {b.name: b for b in adapter.all_backends()}[item.backend]
+    seed = case_seed(run_seed, case.id, backend.name)
+    base: dict[str, Any] = {
+        "case_id": case.id,
+        "kernel": case.kernel,
+        "op": case.op,
+        "variant": case.variant,
+        "phase": case.phase,
+        "point": case.point,
+        "dims": case.dims,
+        "seed": seed,
+        "backend": backend_block(backend),
+    }
+    reason = backend.requires.reason_unmet(device) or adapter.skip_reason(case)
+    if reason:
+        return {**base, "status": "skipped", "reason": reason}
+    try:
+        resolved = resolve(backend)
+    except Unavailable as e:
+        return {**base, "status": "skipped", "reason": str(e)}
+    base["backend"] = backend_block(backend, resolved)
+    traffic = adapter.traffic(case)
+    base["traffic"] = {"bytes": traffic.bytes, "flops": traffic.flops, "note": traffic.note}
+    dev = "cuda" if device.kind == "cuda" else "cpu"
+    too_big = _memory_shortfall(traffic.bytes, dev)
+    if too_big:
+        return {**base, "status": "skipped", "reason": too_big}
+
+    from dskbench import measure as core
+
+    inputs = adapter.make_inputs(case, dev, seed)
+    ref = adapter.reference(inputs, case)
+    launch = backend.bind(resolved.fn, inputs, case)
+    out = launch()
+    _sync(dev)
+    chk = adapter.check(out, ref, case)
+    base["check"] = {"error": chk.error, "tolerance": chk.tolerance, "detail": chk.detail}
+    del out, ref
+    if not chk.ok:
+        return {**base, "status": "wrong", "reason": f"relative error {chk.error:.3g} > tolerance {chk.tolerance:.1g}"}
+    launchers = [launch]
+    if opts.mode == "rotate":
+        launchers += _rotation_sets(adapter, backend, resolved, case, dev, seed, inputs)
+    settings = core.MeasureSettings.quick() if opts.profile == "quick" else core.MeasureSettings()
+    if opts.budget_s is not None:
+        settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
+    mode = "cold" if opts.mode == "rotate" else opts.mode
+    m = core.measure(launchers, device=dev, mode=mode, capturable=backend.capturable, settings=settings)
+    timing = _as_dict(m)
+    timing["mode"] = opts.mode
+    timing["input_sets"] = len(launchers)
+    peaks = core.datasheet_peaks(device.name) if dev == "cuda" else None
+    metrics = core.metrics(timing["median_us"], traffic.bytes, traffic.flops, ceilings, peaks)
+    clocks = {k: timing.pop(k) for k in ("clocks_before", "clocks_after", "throttled", "throttle_reasons") if k in timing}
+    return {**base, "status": "ok", "timing": timing, "metrics": metrics, "clocks": clocks}
+
+
+def _rotation_sets(adapter, backend, resolved, case, dev, seed, first_inputs) -> list:
+    """Extra input sets so that, rotated, they overflow L2 (rotate mode: cold without a flush)."""
+    from dskbench.adapters.base import input_bytes
+
+    per_set = max(input_bytes(first_inputs), 1)
+    l2 = _l2_bytes(dev)
+    n_extra = min(max(0, -(-3 * l2 // per_set) - 1), 63)
+    return [backend.bind(resolved.fn, adapter.make_inputs(case, dev, seed + i + 1), case) for i in range(n_extra)]
+
+
+def _l2_bytes(dev: str) -> int:
+    if dev != "cuda":
+        return 0
+    import torch
+
+    return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20))
+
+
+def _memory_shortfall(needed: int, dev: str) -> str | None:
+    if dev != "cuda":
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info()
+    if needed > 0.85 * free:
+        return f"needs at least {needed / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB free"
+    return None
+
+
+def _sync(dev: str) -> None:
+    if dev == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _as_dict(m: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(m):
+        return dataclasses.asdict(m)
+    if hasattr(m, "to_json"):
+        return m.to_json()
+    return dict(m)
+
+
+def is_poisoning(message: str) -> bool:
+    return any(s.lower() in message.lower() for s in POISONING_ERRORS)
+
+
+# -- the sweep -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepSummary:
+    out: Path
+    counts: Counter
+    wall_s: float
+    items: int
+
+    def line(self) -> str:
+        parts = ", ".join(f"{k} {self.counts.get(k, 0)}" for k in ("ok", "wrong", "skipped", "error"))
+        return f"{self.items} cases: {parts} in {self.wall_s:.1f} s -> {self.out}"
+
+
+def run_sweep(
+    items: list[WorkItem],
+    skips: list[dict[str, Any]],
+    opts: SweepOptions,
+    out: Path,
+    progress: Any = None,
+) -> SweepSummary:
+    from dskbench.environment import environment, new_run_id
+
+    t0 = time.monotonic()
+    device = DeviceInfo.detect(opts.device)
+    run_id = new_run_id()
+    run_seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
+    env = environment(device)
+    ceilings = None
+    if device.kind == "cuda" and opts.measure_ceilings and items:
+        from dskbench.measure import measure_ceilings
+
+        ceilings = measure_ceilings("cuda")
+    counts: Counter = Counter()
+    with ResultsWriter(out) as w:
+        w.write(
+            environment_record(
+                run_id,
+                **env,
+                ceilings=ceilings,
+                settings={**dataclasses.asdict(opts), "run_seed": run_seed, "items": len(items)},
+                command=sys.argv,
+            )
+        )
+        for s in skips:
+            w.write(result_record(run_id, "skipped", backend={"name": "-"}, **s))
+            counts["skipped"] += 1
+
+        def record(item: WorkItem, fields: dict[str, Any]) -> None:
+            fields.pop("poisoned", None)
+            status = fields.pop("status")
+            w.write(result_record(run_id, status, index=item.index, **fields))
+            counts[status] += 1
+            if progress:
+                progress(item, status, fields)
+
+        if opts.isolate:
+            _run_isolated(items, device, opts, run_seed, ceilings, record)
+        else:
+            for item in items:
+                record(item, run_one(item, device, opts, run_seed, ceilings))
+    return SweepSummary(out, counts, time.monotonic() - t0, len(items) + len(skips))
+
+
+def run_one(item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings) -> dict[str, Any]:
+    """execute_item with every failure turned into an error record (the sweep goes on)."""
+    base = {"case_id": item.case_id, "kernel": item.kernel, "backend": {"name": item.backend}}
+    try:
+        return execute_item(item, device, opts, run_seed, ceilings)
+    except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
+        msg = f"{type(e).__name__}: {e}".strip()
+        if "OutOfMemory" in type(e).__name__ or "out of memory" in msg.lower():
+            msg = "out of memory: " + msg
+        fields = {**base, "status": "error", "reason": msg[:2000]}
+        if is_poisoning(msg):
+            fields["poisoned"] = True
+        return fields
+    finally:
+        _free(device)
+
+
+def _free(device: DeviceInfo) -> None:
+    import gc
+
+    gc.collect()
+    if device.kind == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def _run_isolated(items, device, opts, run_seed, ceilings, record) -> None:
+    """Run items in worker subprocesses; a dead worker costs one item, then a new worker resumes."""
+    if not items:
+        return
+    with tempfile.TemporaryDirectory(prefix="dskbench-") as tmp:
+        plan = Path(tmp) / "plan.json"
+        plan.write_text(
+            json.dumps(
+                {
+                    "items": [dataclasses.asdict(i) for i in items],
+                    "opts": dataclasses.asdict(opts),
+                    "run_seed": run_seed,
+                    "ceilings": ceilings,
+                }
+            )
+        )
+        start = 0
+        while start < len(items):
+            start = _one_worker(plan, items, start, record)
+
+
+def _one_worker(plan: Path, items: list[WorkItem], start: int, record) -> int:
+    """Start a worker at `start`; return where the next worker must start.
+
+    Protocol on the worker's stdout: ``BEGIN i`` before item i, ``RESULT {json}`` after it, and
+    ``NEXT n`` when it exits on purpose (n = len(items) when done, i + 1 after a poisoning error).
+    """
+    cmd = [sys.executable, "-m", "dskbench.worker", str(plan), str(start)]
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+        assert proc.stdout is not None
+        current: int | None = None
+        last_done = start - 1
+        next_index: int | None = None
+        for line in proc.stdout:
+            kind, _, payload = line.rstrip("\n").partition(" ")
+            if kind == "BEGIN":
+                current = int(payload)
+            elif kind == "RESULT":
+                data = json.loads(payload)
+                record(items[data["index"]], data["fields"])
+                last_done, current = data["index"], None
+            elif kind == "NEXT":
+                next_index = int(payload)
+        code = proc.wait()
+        if current is None and next_index is not None:
+            return next_index
+        failed = current if current is not None else last_done + 1
+        if failed >= len(items):
+            return failed
+        err.seek(0)
+        tail = err.read()[-1500:].strip()
+        reason = f"worker process died (exit code {code}) while running this case"
+        if tail:
+            reason += f": {tail}"
+        item = items[failed]
+        record(
+            item,
+            {
+                "case_id": item.case_id,
+                "kernel": item.kernel,
+                "backend": {"name": item.backend},
+                "status": "error",
+                "reason": reason,
+            },
+        )
+        return failed + 1
