@@ -38,13 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="check and time kernels over a sweep; results as JSON lines")
     run.add_argument("--kernel", action="append", help="kernel name (repeatable; default: all)")
-    run.add_argument("--backend", action="append", help="backend name (repeatable; default: all but torch-ref)")
+    run.add_argument(
+        "--backend", action="append", help="backend name (repeatable; default: all but torch-ref)"
+    )
     run.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
-    run.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
+    run.add_argument(
+        "--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references"
+    )
     run.add_argument("--out", type=Path, help="results file (default: results/<run>.jsonl)")
     run.add_argument("--quick", action="store_true", help="fewer sweep points and a shorter time budget")
-    run.add_argument("--tp", type=_csv_ints, default=(1,), help="tensor-parallel degrees, e.g. 1,4,8 (default 1)")
-    run.add_argument("--mode", choices=("cold", "hot", "rotate"), default="cold", help="L2 state (default cold)")
+    run.add_argument(
+        "--tp", type=_csv_ints, default=(1,), help="tensor-parallel degrees, e.g. 1,4,8 (default 1)"
+    )
+    run.add_argument(
+        "--mode", choices=("cold", "hot", "rotate"), default="cold", help="L2 state (default cold)"
+    )
     run.add_argument("--seed", type=int, help="input seed (default: fresh inputs every run)")
     run.add_argument("--budget", type=float, help="time budget per case, seconds")
     run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
@@ -110,7 +118,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'kernel':42} {'category':14} {'source':11} {'status':16} ops  backends")
     for r in rows:
         b = ", ".join(r["backends"]) if r["adapter"] else "(no adapter)"
-        print(f"{r['kernel']:42} {r['category'] or '':14} {r['source'] or '':11} {r['status']:16} {r['ops']:3}  {b}")
+        print(
+            f"{r['kernel']:42} {r['category'] or '':14} {r['source'] or '':11} {r['status']:16} {r['ops']:3}  {b}"
+        )
     print(f"{len(rows)} kernels, {sum(1 for r in rows if r['adapter'])} with an adapter")
     return EXIT_OK
 
@@ -126,7 +136,10 @@ def _device_choice(requested: str | None) -> tuple[str, str | None]:
             "Run `dskbench run --device cpu` to time the torch references on the CPU instead."
         )
     if requested is None and found.kind != "cuda":
-        return "cpu", "no CUDA GPU found: timing the torch reference implementations on the CPU (capped sweep)"
+        return (
+            "cpu",
+            "no CUDA GPU found: timing the torch reference implementations on the CPU (capped sweep)",
+        )
     return requested or "cuda", None
 
 

@@ -104,7 +104,9 @@ def plan_sweep(
     for name in kernels:
         entry = registry[name]
         if entry.status != "benchmark":
-            skips.append({"kernel": name, "case_id": name, "reason": f"{entry.status}: {entry.status_reason}"})
+            skips.append(
+                {"kernel": name, "case_id": name, "reason": f"{entry.status}: {entry.status_reason}"}
+            )
             continue
         adapter = get_adapter(name)
         if adapter is None:
@@ -125,7 +127,9 @@ def plan_sweep(
     if backends:
         unknown = sorted(set(backends) - known_backends)
         if unknown:
-            raise PlanError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(sorted(known_backends))}")
+            raise PlanError(
+                f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(sorted(known_backends))}"
+            )
     return items, skips
 
 
@@ -159,16 +163,36 @@ def backend_block(b: Backend, resolved: Any = None) -> dict[str, Any]:
     return block
 
 
-def execute_item(
-    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: dict | None
-) -> dict[str, Any]:
-    """Gate, resolve, build inputs, check against the reference, then time. Returns the record fields."""
-    case = Case.from_json(item.case)
-    adapter = get_adapter(item.kernel)
+@dataclass
+class Prepared:
+    """A case ready to time: inputs built, backend bound, output checked against the reference."""
+
+    adapter: Any
+    backend: Backend
+    resolved: Any
+    case: Case
+    inputs: dict[str, Any]
+    launch: Any
+    traffic: Any
+    device: str
+    seed: int
+
+
+def prepare_case(
+    kernel: str, case: Case, backend_name: str, device: DeviceInfo, seed: int
+) -> tuple[dict[str, Any], Prepared | None]:
+    """Gate, resolve, build inputs, run once and check against the reference.
+
+    Returns the record fields so far and a Prepared case; None when the fields already say why the
+    case stops here (status skipped or wrong). Exceptions propagate (the caller records them).
+    """
+    adapter = get_adapter(kernel)
     if adapter is None:
-        raise PlanError(f"no adapter for {item.kernel}")
-    backend = {b.name: b for b in adapter.all_backends()}[item.backend]
-    seed = case_seed(run_seed, case.id, backend.name)
+        raise PlanError(f"no adapter for {kernel}")
+    backends = {b.name: b for b in adapter.all_backends()}
+    if backend_name not in backends:
+        raise PlanError(f"{kernel} has no backend {backend_name!r} (it has {', '.join(backends)})")
+    backend = backends[backend_name]
     base: dict[str, Any] = {
         "case_id": case.id,
         "kernel": case.kernel,
@@ -182,21 +206,18 @@ def execute_item(
     }
     reason = backend.requires.reason_unmet(device) or adapter.skip_reason(case)
     if reason:
-        return {**base, "status": "skipped", "reason": reason}
+        return {**base, "status": "skipped", "reason": reason}, None
     try:
         resolved = resolve(backend)
     except Unavailable as e:
-        return {**base, "status": "skipped", "reason": str(e)}
+        return {**base, "status": "skipped", "reason": str(e)}, None
     base["backend"] = backend_block(backend, resolved)
     traffic = adapter.traffic(case)
     base["traffic"] = {"bytes": traffic.bytes, "flops": traffic.flops, "note": traffic.note}
     dev = "cuda" if device.kind == "cuda" else "cpu"
     too_big = _memory_shortfall(traffic.bytes, dev)
     if too_big:
-        return {**base, "status": "skipped", "reason": too_big}
-
-    from dskbench import measure as core
-
+        return {**base, "status": "skipped", "reason": too_big}, None
     inputs = adapter.make_inputs(case, dev, seed)
     ref = adapter.reference(inputs, case)
     launch = backend.bind(resolved.fn, inputs, case)
@@ -206,32 +227,55 @@ def execute_item(
     base["check"] = {"error": chk.error, "tolerance": chk.tolerance, "detail": chk.detail}
     del out, ref
     if not chk.ok:
-        return {**base, "status": "wrong", "reason": f"relative error {chk.error:.3g} > tolerance {chk.tolerance:.1g}"}
-    launchers = [launch]
+        why = f"relative error {chk.error:.3g} > tolerance {chk.tolerance:.1g}"
+        return {**base, "status": "wrong", "reason": why}, None
+    return base, Prepared(adapter, backend, resolved, case, inputs, launch, traffic, dev, seed)
+
+
+def execute_item(
+    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: dict | None
+) -> dict[str, Any]:
+    """Prepare (gate, resolve, check), then time through the measurement core. Returns record fields."""
+    case = Case.from_json(item.case)
+    base, prep = prepare_case(
+        item.kernel, case, item.backend, device, case_seed(run_seed, case.id, item.backend)
+    )
+    if prep is None:
+        return base
+    from dskbench import measure as core
+
+    launchers = [prep.launch]
     if opts.mode == "rotate":
-        launchers += _rotation_sets(adapter, backend, resolved, case, dev, seed, inputs)
+        launchers += _rotation_sets(prep)
     settings = core.MeasureSettings.quick() if opts.profile == "quick" else core.MeasureSettings()
     if opts.budget_s is not None:
         settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
     mode = "cold" if opts.mode == "rotate" else opts.mode
-    m = core.measure(launchers, device=dev, mode=mode, capturable=backend.capturable, settings=settings)
+    m = core.measure(
+        launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
+    )
     timing = _as_dict(m)
     timing["mode"] = opts.mode
     timing["input_sets"] = len(launchers)
-    peaks = core.datasheet_peaks(device.name) if dev == "cuda" else None
-    metrics = core.metrics(timing["median_us"], traffic.bytes, traffic.flops, ceilings, peaks)
-    clocks = {k: timing.pop(k) for k in ("clocks_before", "clocks_after", "throttled", "throttle_reasons") if k in timing}
+    peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None
+    metrics = core.metrics(timing["median_us"], prep.traffic.bytes, prep.traffic.flops, ceilings, peaks)
+    clock_keys = ("clocks_before", "clocks_after", "throttled", "throttle_reasons")
+    clocks = {k: timing.pop(k) for k in clock_keys if k in timing}
     return {**base, "status": "ok", "timing": timing, "metrics": metrics, "clocks": clocks}
 
 
-def _rotation_sets(adapter, backend, resolved, case, dev, seed, first_inputs) -> list:
+def _rotation_sets(prep: Prepared) -> list:
     """Extra input sets so that, rotated, they overflow L2 (rotate mode: cold without a flush)."""
     from dskbench.adapters.base import input_bytes
 
-    per_set = max(input_bytes(first_inputs), 1)
-    l2 = _l2_bytes(dev)
-    n_extra = min(max(0, -(-3 * l2 // per_set) - 1), 63)
-    return [backend.bind(resolved.fn, adapter.make_inputs(case, dev, seed + i + 1), case) for i in range(n_extra)]
+    per_set = max(input_bytes(prep.inputs), 1)
+    n_extra = min(max(0, -(-3 * _l2_bytes(prep.device) // per_set) - 1), 63)
+    return [
+        prep.backend.bind(
+            prep.resolved.fn, prep.adapter.make_inputs(prep.case, prep.device, prep.seed + i + 1), prep.case
+        )
+        for i in range(n_extra)
+    ]
 
 
 def _l2_bytes(dev: str) -> int:
@@ -337,7 +381,9 @@ def run_sweep(
     return SweepSummary(out, counts, time.monotonic() - t0, len(items) + len(skips))
 
 
-def run_one(item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings) -> dict[str, Any]:
+def run_one(
+    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings
+) -> dict[str, Any]:
     """execute_item with every failure turned into an error record (the sweep goes on)."""
     base = {"case_id": item.case_id, "kernel": item.kernel, "backend": {"name": item.backend}}
     try:

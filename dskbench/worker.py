@@ -17,7 +17,9 @@ def main(argv: list[str]) -> int:
     plan = json.loads(open(argv[0]).read())
     start = int(argv[1])
     items = [WorkItem(**i) for i in plan["items"]]
-    opts = SweepOptions(**{**plan["opts"], "phases": tuple(plan["opts"]["phases"]), "tp": tuple(plan["opts"]["tp"])})
+    opts = SweepOptions(
+        **{**plan["opts"], "phases": tuple(plan["opts"]["phases"]), "tp": tuple(plan["opts"]["tp"])}
+    )
     device = DeviceInfo.detect(opts.device)
     for item in items[start:]:
         print(f"BEGIN {item.index}", flush=True)

@@ -1,0 +1,189 @@
+"""The one timing entry point, `measure()`, and the device-independent parts of it.
+
+Every front end (CLI runner, asv, pytest-benchmark) times through `measure()`; there is no second timer.
+Device-specific timers (cuda.py, cpu.py) only produce batches of per-launch samples; the stopping
+rule, method selection (graph, else eager with the reason recorded) and the result live here, so they
+are the same everywhere and testable with fakes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from dskbench.measure.settings import Measurement, MeasureSettings
+from dskbench.measure.stats import Stopper, summarize
+
+MODES = ("cold", "hot")
+
+
+class CaptureFailed(RuntimeError):
+    """CUDA graph capture of the launchers raised; the caller falls back to eager timing."""
+
+
+class Timer(Protocol):
+    method: str
+    launches_per_sample: int
+    notes: list[str]
+
+    def prepare(self) -> None:
+        """Calibrate and (for graphs) capture. May raise CaptureFailed."""
+
+    def batch(self, busy: Callable[[], None]) -> list[float]:
+        """Queue one batch, call `busy` while the device works, wait, return per-launch samples (us)."""
+        ...
+
+    @property
+    def flush_us(self) -> float | None: ...
+
+    def close(self) -> None: ...
+
+
+def rotation(n_sets: int, n_launches: int) -> list[int]:
+    """Input-set index of each launch: round robin, so every set is used and used equally."""
+    return [i % n_sets for i in range(n_launches)]
+
+
+def launches_for(target_us: float, per_launch_us: float, n_sets: int, cap: int, minimum: int = 1) -> int:
+    """Launches in one replay/sample: enough to last `target_us`, at least `minimum`, a multiple of
+    `n_sets` (every set used equally), at most `cap` rounded down to a multiple (but never fewer than
+    one launch per set)."""
+    n = math.ceil(target_us / per_launch_us) if per_launch_us > 0 else cap
+    n = max(n, minimum, 1)
+    n = math.ceil(n / n_sets) * n_sets
+    cap_rounded = max(n_sets, (cap // n_sets) * n_sets)
+    return min(n, cap_rounded)
+
+
+def select_timer(
+    capturable: bool, make_graph: Callable[[], Timer], make_eager: Callable[[], Timer]
+) -> tuple[Timer, str | None]:
+    """A prepared graph timer, or an eager one with the reason. Only a capture failure falls back:
+    any other error (a bad launch, an illegal address) propagates."""
+    if capturable:
+        graph = make_graph()
+        try:
+            graph.prepare()
+            return graph, None
+        except CaptureFailed as e:
+            graph.close()
+            reason = f"graph capture failed: {e}"
+    else:
+        reason = "capturable=False"
+    eager = make_eager()
+    eager.prepare()
+    return eager, reason
+
+
+def make_stopper(settings: MeasureSettings, now: Callable[[], float] = time.perf_counter) -> Stopper:
+    return Stopper(
+        target_noise=settings.target_noise,
+        min_samples=settings.min_samples,
+        max_samples=settings.max_samples,
+        min_time_s=settings.min_time_s,
+        max_time_s=settings.max_time_s,
+        now=now,
+    )
+
+
+def drive(
+    timer: Timer,
+    settings: MeasureSettings,
+    busy: Callable[[], None] = lambda: None,
+    now: Callable[[], float] = time.perf_counter,
+) -> Stopper:
+    """Take batches until the stopping rule says so."""
+    stopper = make_stopper(settings, now)
+    while not stopper.add(timer.batch(busy)):
+        pass
+    return stopper
+
+
+def assemble(
+    stopper: Stopper,
+    *,
+    method: str,
+    mode: str,
+    device: str,
+    n_sets: int,
+    launches_per_sample: int,
+    wall_s: float,
+    flush_us: float | None = None,
+    flush_bytes: int | None = None,
+    fallback_reason: str | None = None,
+    clocks_before: dict[str, Any] | None = None,
+    clocks_after: dict[str, Any] | None = None,
+    clocks_during: dict[str, Any] | None = None,
+    throttled: bool | None = None,
+    throttle_reasons: Sequence[str] = (),
+    notes: Sequence[str] = (),
+) -> Measurement:
+    s = summarize(stopper.samples)
+    return Measurement(
+        median_us=s.median,
+        p10_us=s.p10,
+        p90_us=s.p90,
+        mean_us=s.mean,
+        min_us=s.min,
+        max_us=s.max,
+        cv=s.cv,
+        noise=s.noise,
+        n_samples=s.n,
+        launches_per_sample=launches_per_sample,
+        converged=stopper.converged,
+        wall_s=wall_s,
+        method=method,
+        mode=mode,
+        device=device,
+        n_sets=n_sets,
+        samples_us=list(stopper.samples),
+        flush_us=flush_us,
+        flush_bytes=flush_bytes,
+        fallback_reason=fallback_reason,
+        clocks_before=clocks_before,
+        clocks_after=clocks_after,
+        clocks_during=clocks_during,
+        throttled=throttled,
+        throttle_reasons=list(throttle_reasons),
+        notes=list(notes),
+    )
+
+
+def _check_args(launchers: Sequence[Callable[[], Any]], mode: str) -> list[Callable[[], Any]]:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    out = list(launchers)
+    if not out:
+        raise ValueError("measure() needs at least one launcher")
+    for f in out:
+        if not callable(f):
+            raise TypeError(f"launcher {f!r} is not callable")
+    return out
+
+
+def measure(
+    launchers: Sequence[Callable[[], Any]],
+    *,
+    device: str = "cuda",
+    mode: str = "cold",
+    capturable: bool = True,
+    settings: MeasureSettings | None = None,
+) -> Measurement:
+    """Time one kernel: per-launch samples until the median is known to `target_noise` or the budget ends.
+
+    `launchers`: one zero-argument callable per input set, each launching the kernel once on the current
+    stream. Launches cycle through them round robin, so every replay/sample uses every set equally.
+    `mode`: "cold" flushes L2 before every launch (the flush's time is excluded), "hot" runs back to back.
+    `capturable`: False skips CUDA graph capture and times eagerly (cuda-eager). device "cpu": wall clock.
+    """
+    fns = _check_args(launchers, mode)
+    settings = settings or MeasureSettings()
+    if str(device).startswith("cpu"):
+        from dskbench.measure.cpu import measure_cpu
+
+        return measure_cpu(fns, mode=mode, settings=settings)
+    from dskbench.measure.cuda import measure_cuda
+
+    return measure_cuda(fns, device=str(device), mode=mode, capturable=capturable, settings=settings)

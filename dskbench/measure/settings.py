@@ -1,0 +1,74 @@
+"""What a measurement is asked to do (MeasureSettings) and what it returns (Measurement)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """Sampling budget and batching. Times are per case; the budget covers sampling only (warm-up,
+    JIT compilation, calibration and graph capture come before it and are not charged)."""
+
+    target_noise: float = 0.01  # relative half-width of the median's 95% CI (see stats.py)
+    min_samples: int = 20
+    max_samples: int = 100_000
+    min_time_s: float = 0.1
+    max_time_s: float = 1.5
+    replay_target_us: float = 200.0  # one graph replay (or one eager hot sample) lasts at least this
+    warmup_launches: int = 10  # eager launches before anything is timed (at least one per input set)
+    flush_bytes: int | None = None  # cold-mode flush buffer; None = 2 x the device's L2
+    max_graph_launches: int = 1000  # cap on launches captured in one graph (capture time, memory)
+    batch_target_ms: float = 20.0  # GPU time queued between two host synchronisations
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> MeasureSettings:
+        """Smoke-test budget: a few tenths of a second per case, 2% noise target."""
+        base = cls(
+            target_noise=0.02,
+            min_samples=10,
+            min_time_s=0.02,
+            max_time_s=0.3,
+            warmup_launches=3,
+            batch_target_ms=10.0,
+        )
+        return replace(base, **overrides)
+
+    def with_(self, **overrides: Any) -> MeasureSettings:
+        return replace(self, **overrides)
+
+
+@dataclass
+class Measurement:
+    """One timed case. All times are per launch, in microseconds of GPU (or CPU wall) time."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    mean_us: float
+    min_us: float
+    max_us: float
+    cv: float  # spread of the samples: stdev / mean
+    noise: float  # relative half-width of the median's 95% CI (the stopping criterion)
+    n_samples: int
+    launches_per_sample: int  # each sample is the mean over this many launches
+    converged: bool  # noise <= target within the budget
+    wall_s: float  # whole measure() call: warm-up, capture, sampling
+    method: str  # cuda-graph | cuda-eager | cpu-wall
+    mode: str  # cold | hot
+    device: str
+    n_sets: int  # input sets rotated through
+    samples_us: list[float] = field(default_factory=list)
+    flush_us: float | None = None  # cold: median time of one flush (excluded from the samples)
+    flush_bytes: int | None = None
+    fallback_reason: str | None = None  # why the eager method was used, when it was
+    clocks_before: dict[str, Any] | None = None
+    clocks_after: dict[str, Any] | None = None
+    clocks_during: dict[str, Any] | None = None  # summary of NVML reads taken while the GPU was busy
+    throttled: bool | None = None  # None: unknown (no NVML)
+    throttle_reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

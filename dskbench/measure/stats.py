@@ -1,0 +1,143 @@
+"""Sample statistics and the stopping rule, pure Python so they are testable without a GPU.
+
+Noise is the relative half-width of the distribution-free 95% confidence interval of the median (order
+statistics of a binomial(n, 1/2)). Why this and not the samples' CV (nvbench's stdrel): the CV of the
+samples does not shrink with more samples, so a kernel whose per-sample spread is 5% would never meet a
+1% target however long it ran; the median's interval does shrink (as 1/sqrt(n)), says how well the
+reported number is known, and is insensitive to the occasional outlier (a host hiccup, a clock step).
+The CV is still reported, as a description of the spread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+Z95 = 1.959963984540054
+
+
+def quantile(sorted_x: Sequence[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default 'linear' method)."""
+    n = len(sorted_x)
+    if n == 0:
+        return math.nan
+    h = (n - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, n - 1)
+    return sorted_x[lo] + (h - lo) * (sorted_x[hi] - sorted_x[lo])
+
+
+def median_ci(sorted_x: Sequence[float], z: float = Z95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: order statistics at ranks n/2 -+ z*sqrt(n)/2."""
+    n = len(sorted_x)
+    if n == 0:
+        return math.nan, math.nan
+    half = z * math.sqrt(n) / 2.0
+    lo = max(0, math.floor(n / 2.0 - half) - 1)  # 1-based rank floor(n/2 - half) -> 0-based
+    hi = min(n - 1, math.ceil(n / 2.0 + half))  # 1-based rank ceil(1 + n/2 + half) -> 0-based
+    return sorted_x[lo], sorted_x[hi]
+
+
+def relative_noise(sorted_x: Sequence[float]) -> float:
+    """Half-width of the median's 95% interval over the median; inf when undefined (too few, median <= 0)."""
+    if len(sorted_x) < 5:
+        return math.inf
+    med = quantile(sorted_x, 0.5)
+    if not med > 0:
+        return math.inf
+    lo, hi = median_ci(sorted_x)
+    return (hi - lo) / 2.0 / med
+
+
+@dataclass(frozen=True)
+class Summary:
+    median: float
+    p10: float
+    p90: float
+    mean: float
+    min: float
+    max: float
+    cv: float  # sample standard deviation (n-1) over the mean
+    noise: float  # relative half-width of the median's 95% CI
+    n: int
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    xs = sorted(float(x) for x in samples)
+    n = len(xs)
+    if n == 0:
+        nan = math.nan
+        return Summary(nan, nan, nan, nan, nan, nan, nan, math.inf, 0)
+    mean = math.fsum(xs) / n
+    if n > 1:
+        var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1)
+        cv = math.sqrt(var) / mean if mean != 0 else math.inf
+    else:
+        cv = 0.0
+    return Summary(
+        median=quantile(xs, 0.5),
+        p10=quantile(xs, 0.1),
+        p90=quantile(xs, 0.9),
+        mean=mean,
+        min=xs[0],
+        max=xs[-1],
+        cv=cv,
+        noise=relative_noise(xs),
+        n=n,
+    )
+
+
+class Stopper:
+    """nvbench-style stopping rule over a growing sample stream.
+
+    Stop, converged: at least ``min_samples`` samples, at least ``min_time_s`` of sampling, and noise at or
+    under ``target_noise``. Stop, not converged: ``max_time_s`` of sampling (wall clock, from the first
+    ``add``'s reference point, i.e. construction) or ``max_samples`` samples. The noise is re-evaluated
+    only when the sample count grew by 10% since the last evaluation, so a long run costs O(n log^2 n).
+    """
+
+    def __init__(
+        self,
+        *,
+        target_noise: float,
+        min_samples: int,
+        max_samples: int,
+        min_time_s: float,
+        max_time_s: float,
+        now: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.target_noise = target_noise
+        self.min_samples = max(1, min_samples)
+        self.max_samples = max(self.min_samples, max_samples)
+        self.min_time_s = min_time_s
+        self.max_time_s = max(min_time_s, max_time_s)
+        self._now = now
+        self._t0 = now()
+        self.samples: list[float] = []
+        self.noise = math.inf
+        self._next_eval = self.min_samples
+        self.converged = False
+        self.stopped = False
+
+    def elapsed(self) -> float:
+        return self._now() - self._t0
+
+    def add(self, batch: Sequence[float]) -> bool:
+        """Append a batch of samples; returns True once sampling should stop."""
+        if self.stopped:
+            return True
+        self.samples.extend(float(x) for x in batch)
+        n = len(self.samples)
+        elapsed = self.elapsed()
+        if n >= self._next_eval:
+            self.noise = relative_noise(sorted(self.samples))
+            self._next_eval = max(n + 1, math.ceil(n * 1.1))
+        if n >= self.min_samples and elapsed >= self.min_time_s and self.noise <= self.target_noise:
+            self.converged = self.stopped = True
+        elif elapsed >= self.max_time_s or n >= self.max_samples:
+            self.noise = relative_noise(sorted(self.samples))
+            self.converged = n >= self.min_samples and self.noise <= self.target_noise
+            self.stopped = True
+        return self.stopped
