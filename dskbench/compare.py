@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -165,7 +166,12 @@ def _short_case(key: Key) -> str:
 
 
 def _row_order(c: Change) -> tuple:
-    return (c.key.machine, c.key.kernel, c.key.case, c.key.backend)
+    return (c.key.machine, c.key.kernel, natural_key(c.key.case), c.key.backend)
+
+
+def natural_key(s: str) -> tuple:
+    """Sort key that orders embedded numbers by value (T=2 before T=128)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", s))
 
 
 def format_stat(s: Stat | None) -> str:
@@ -325,7 +331,9 @@ def compare(
     old = old_runs if isinstance(old_runs, Mapping) else stats_from_runs(old_runs)
     new = new_runs if isinstance(new_runs, Mapping) else stats_from_runs(new_runs)
     out = Comparison(threshold)
-    for key in sorted(set(old) | set(new), key=lambda k: (k.machine, k.kernel, k.case, k.backend)):
+    for key in sorted(
+        set(old) | set(new), key=lambda k: (k.machine, k.kernel, natural_key(k.case), k.backend)
+    ):
         verdict, change, note = judge(old.get(key), new.get(key), threshold)
         out.changes.append(Change(key, old.get(key), new.get(key), verdict, change, note))
     return out

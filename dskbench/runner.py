@@ -56,6 +56,20 @@ class WorkItem:
     def case_id(self) -> str:
         return Case.from_json(self.case).id
 
+    def identity(self) -> dict[str, Any]:
+        """The fields that name this item in every record, whatever happened to it."""
+        c = self.case
+        return {
+            "case_id": self.case_id,
+            "kernel": self.kernel,
+            "op": c["op"],
+            "variant": c.get("variant"),
+            "phase": c["phase"],
+            "point": c["point"],
+            "dims": c["dims"],
+            "backend": {"name": self.backend},
+        }
+
 
 @dataclass
 class SweepOptions:
@@ -385,7 +399,7 @@ def run_one(
     item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings
 ) -> dict[str, Any]:
     """execute_item with every failure turned into an error record (the sweep goes on)."""
-    base = {"case_id": item.case_id, "kernel": item.kernel, "backend": {"name": item.backend}}
+    base = item.identity()
     try:
         return execute_item(item, device, opts, run_seed, ceilings)
     except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
@@ -466,14 +480,5 @@ def _one_worker(plan: Path, items: list[WorkItem], start: int, record) -> int:
         if tail:
             reason += f": {tail}"
         item = items[failed]
-        record(
-            item,
-            {
-                "case_id": item.case_id,
-                "kernel": item.kernel,
-                "backend": {"name": item.backend},
-                "status": "error",
-                "reason": reason,
-            },
-        )
+        record(item, {**item.identity(), "status": "error", "reason": reason})
         return failed + 1

@@ -332,6 +332,10 @@ class _Walker:
                 return self.headings[lv]
         return None
 
+    def chain_section(self) -> str:
+        """The "### group / #### title" of the current call-chain section."""
+        return " / ".join(strip_markup(self.headings[lv][0]) for lv in (3, 4) if lv in self.headings)
+
     def mention(self, name: str, line: int) -> KernelFacts:
         f = self.facts(name)
         f.mentions.append((line, self.section()))
@@ -390,7 +394,7 @@ class _Walker:
         self.kernel = name
         f = self.mention(name, lno)
         f.sources.append(Vote(m.group("src"), lno))
-        f.chain_sections.append(strip_markup(text))
+        f.chain_sections.append(self.chain_section())
         parent = self.heading(3)
         if parent:
             f.categories.append(Vote(parent[0], parent[1], 2))
@@ -512,7 +516,7 @@ class _Walker:
                 f = self.mention(name, nlno)
                 f.sources.append(Vote(src, nlno))
                 f.definitions.append(Site(path, nlno, "definition"))
-                f.chain_sections.append(strip_markup(h4[0]))
+                f.chain_sections.append(self.chain_section())
                 parent3 = self.heading(3)
                 if parent3:
                     f.categories.append(Vote(parent3[0], parent3[1], 2))

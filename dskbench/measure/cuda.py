@@ -111,6 +111,13 @@ class _CudaTimer:
         self.flush_samples: list[float] = []
         self.notes: list[str] = []
         self._late_noted = False
+        self._pool: list[torch.cuda.Event] = []
+
+    def _evs(self, n: int) -> list[torch.cuda.Event]:
+        """n timing events, reused across batches (re-recording an event after reading it is fine)."""
+        if len(self._pool) < n:
+            self._pool.extend(_events(n - len(self._pool)))
+        return self._pool[:n]
 
     def _flush(self) -> None:
         assert self.flush_buf is not None
@@ -178,7 +185,7 @@ class GraphTimer(_CudaTimer):
 
     def _time_replays(self, reps: int) -> list[list[float]]:
         """Per-replay times (us) of each graph, replayed in turn `reps` times behind a sleep."""
-        evs = _events(reps * len(self.graphs) + 1)
+        evs = self._evs(reps * len(self.graphs) + 1)
         self._sleep(self.lead_us)
         evs[0].record()
         j = 1
@@ -217,7 +224,7 @@ class GraphTimer(_CudaTimer):
 
     def batch(self, busy: Callable[[], None]) -> list[float]:
         k = len(self.graphs)
-        evs = _events(self.replays * k + 1)
+        evs = self._evs(self.replays * k + 1)
         self._sleep(self.lead_us)
         evs[0].record()
         j = 1
@@ -312,7 +319,7 @@ class EagerTimer(_CudaTimer):
 
     def _batch_cold(self, busy: Callable[[], None]) -> list[float]:
         b = self.samples_per_batch
-        gate, *evs = _events(2 * b + 1)
+        gate, *evs = self._evs(2 * b + 1)
         self._sleep(self.lead_us)
         gate.record()
         for i in range(b):
@@ -332,7 +339,7 @@ class EagerTimer(_CudaTimer):
 
     def _batch_hot(self, busy: Callable[[], None]) -> list[float]:
         k, g = self.samples_per_batch, self.group
-        evs = _events(k + 1)
+        evs = self._evs(k + 1)
         self._sleep(self.lead_us)
         evs[0].record()
         for j in range(k):

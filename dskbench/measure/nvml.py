@@ -114,9 +114,9 @@ def active_throttling(reasons: list[str]) -> list[str]:
 
 
 def _reasons_mask(lib: Any, h: Any) -> int:
-    fn = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        lib, "nvmlDeviceGetCurrentClocksThrottleReasons"
-    )
+    fn = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if fn is None:  # nvidia-ml-py before the rename
+        fn = lib.nvmlDeviceGetCurrentClocksThrottleReasons
     return int(fn(h))
 
 

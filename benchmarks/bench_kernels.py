@@ -1,0 +1,147 @@
+"""asv benchmarks generated from the kernel registry: one class per kernel, one param per (case, backend).
+
+Nothing is written by hand per kernel. At import this module reads the selection from environment
+variables (dskbench.suite.ASV_ENV: DSKBENCH_ASV_SWEEP=decode, DSKBENCH_ASV_KERNELS=rmsnorm,...,
+DSKBENCH_ASV_QUICK=1, DSKBENCH_DEVICE=cpu, ...) and takes the plan from dskbench.suite's on-disk cache,
+so the process asv starts for every (benchmark, param) imports neither torch nor a kernel library.
+
+Per kernel class:
+- ``params`` is one list of ``"<case_id>|<backend>"`` strings: the valid pairs are sparse, and asv
+  would expand separate case and backend lists into their full product.
+- ``setup_cache`` measures every case of the kernel once, in one process, through the runner
+  (isolated worker, JSON lines kept under results/asv-jsonl/) and returns a plain dict.
+- ``track_latency`` returns ``{"samples": [seconds...], "number": 1}``: asv treats that as a timing
+  result and computes median, CI and quartiles from the core's GPU samples.
+- ``track_bandwidth`` is GB/s; asv.conf.json turns regression detection off for it (asv takes a rise
+  as a regression).
+- A skipped, wrong or failed case raises NotImplementedError in ``setup`` (asv shows n/a); the reason
+  is in the kept JSON lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import keyword
+import linecache
+import re
+from typing import Any
+
+from dskbench import suite
+
+try:
+    from asv_runner.benchmarks.mark import SkipNotImplemented
+except ImportError:  # imported outside asv (tests, tooling)
+
+    class SkipNotImplemented(NotImplementedError):
+        pass
+
+
+_SELECTION = suite.Selection.from_env()
+_PLAN = suite.load_plan(_SELECTION)
+# Attribute names asv reads from the benchmark's class *and module*; a kernel must not shadow them.
+_ASV_ATTRS = frozenset(
+    "setup teardown setup_cache params param_names timeout version unit number repeat rounds "
+    "sample_time warmup_time min_run_count timer pretty_name benchmark_name skip_params".split()
+)
+
+
+class _KernelBenchmark:
+    """Base of the generated classes (its leading underscore keeps asv from collecting it)."""
+
+    kernel = ""
+    param_names = ["case"]
+    params: list[list[str]] = [[]]
+    # Explicit: asv's default version hashes the source, which every generated class shares.
+    version = f"dskbench-{suite.SUITE_VERSION}-{_SELECTION.mode}"
+    timeout = 120.0  # one track_* call only reads the cache
+
+    def _measure(self) -> dict[str, Any]:
+        cache = suite.measure_kernel(
+            self.kernel,
+            _PLAN.items(self.kernel),
+            _SELECTION,
+            keep_dir=suite.asv_jsonl_dir(),
+            progress=_progress,
+        )
+        print(f"dskbench {self.kernel}: {cache['summary']}")
+        return cache
+
+    def setup(self, cache: dict[str, Any], case: str) -> None:
+        rec = cache["cases"].get(case)
+        if rec is None:
+            raise NotImplementedError(f"{case}: no result in this run")
+        if rec["status"] != "ok":
+            raise NotImplementedError(f"{rec['status']}: {rec['reason']}")
+
+    def track_latency(self, cache: dict[str, Any], case: str) -> dict[str, Any]:
+        return {"samples": cache["cases"][case]["samples_s"], "number": 1}
+
+    track_latency.unit = "seconds"
+
+    def track_bandwidth(self, cache: dict[str, Any], case: str) -> float:
+        gbps = cache["cases"][case]["gbps"]
+        if gbps is None:
+            raise SkipNotImplemented("no byte count for this case")
+        return gbps
+
+    track_bandwidth.unit = "GB/s"
+
+
+def _progress(item: Any, status: str, fields: dict[str, Any]) -> None:
+    t = (fields.get("timing") or {}).get("median_us")
+    why = "" if status == "ok" else f" ({str(fields.get('reason', ''))[:100]})"
+    lat = f" {t:.2f} us" if t is not None else ""
+    print(f"  {status:7}{lat} {item.case_id} {item.backend}{why}", flush=True)
+
+
+def _class_name(kernel: str, taken: set[str]) -> str:
+    name = re.sub(r"\W", "_", kernel).strip("_") or "kernel"
+    if name[0].isdigit() or keyword.iskeyword(name) or name.lower() in _ASV_ATTRS or name in globals():
+        name = f"k_{name}"
+    base, n = name, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _setup_caches(kernels: list[str]) -> dict[str, Any]:
+    """One setup_cache function per kernel, each on its own line of one generated source.
+
+    asv keys a setup_cache by ``<module>:<line of its def>`` and runs it once per key, handing the
+    result to every benchmark with that key; one shared function would give every kernel the first
+    kernel's measurements. The source is registered in linecache (as dataclasses and attrs do for
+    their generated code), so inspect finds the line numbers and asv can display the code.
+    """
+    src = "".join(
+        f"def setup_cache_{i}(self):  # kernel {k!r}\n    return self._measure()\n\n" for i, k in enumerate(kernels)
+    )
+    filename = f"<dskbench-asv-setup-cache-{hashlib.sha1(src.encode()).hexdigest()[:10]}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    namespace: dict[str, Any] = {"__name__": __name__}
+    exec(compile(src, filename, "exec"), namespace)
+    return {k: namespace[f"setup_cache_{i}"] for i, k in enumerate(kernels)}
+
+
+def _generate() -> None:
+    kernels = list(_PLAN.kernels)
+    functions = _setup_caches(kernels)
+    taken: set[str] = set()
+    for kernel in kernels:
+        fn = functions[kernel]
+        fn.timeout = suite.setup_cache_timeout(len(_PLAN.kernels[kernel]), _SELECTION)
+        name = _class_name(kernel, taken)
+        globals()[name] = type(
+            name,
+            (_KernelBenchmark,),
+            {
+                "__module__": __name__,
+                "__doc__": f"{kernel}: {len(_PLAN.kernels[kernel])} cases ({_SELECTION.label()})",
+                "kernel": kernel,
+                "params": [_PLAN.keys(kernel)],
+                "setup_cache": fn,
+            },
+        )
+
+
+_generate()

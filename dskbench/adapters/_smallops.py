@@ -1,0 +1,69 @@
+"""Helpers shared by the small, memory-bound adapters (norm, activation, rope, quant, sampling, speculative).
+
+Inputs are drawn on the CPU from a seeded generator and then moved, so a seed gives the same tensors on
+any device and `make_inputs` works without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dskbench.adapters.base import Check
+from dskbench.shapes import default_shapes
+
+# Backend label for the implementation SGLang 0.5.16 itself calls for DeepSeek-R1-NVFP4 on sm90.
+SGLANG_SM90 = "what SGLang 0.5.16 runs on sm90"
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def model_config() -> dict[str, int | float]:
+    """The model symbols (H, Lq, rms_norm_eps, ...) of the shapes file."""
+    return default_shapes().config
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(int(seed))
+
+
+def randn(
+    shape: tuple[int, ...] | list[int],
+    gen: torch.Generator,
+    device: str,
+    dtype: torch.dtype = torch.bfloat16,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Normal values (never all zero), generated in fp32 on the CPU then cast and moved."""
+    x = torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * scale
+    return x.to(dtype).to(device)
+
+
+def enable_pdl(t: torch.Tensor) -> bool:
+    """SGLang's is_arch_support_pdl(): programmatic dependent launch on sm90 and newer."""
+    if t.device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def nbytes(numel: int | float, dtype: torch.dtype) -> int:
+    return int(numel * torch.empty((), dtype=dtype).element_size())
+
+
+def exact_check(outs: tuple[Any, ...], refs: tuple[Any, ...], names: tuple[str, ...]) -> Check:
+    """Integer outputs must equal the reference exactly; `error` is the fraction of differing elements."""
+    if len(outs) != len(refs):
+        return Check(False, float("inf"), 0.0, f"{len(outs)} outputs, reference has {len(refs)}")
+    details, worst, ok = [], 0.0, True
+    for name, o, r in zip(names, outs, refs, strict=True):
+        o_cpu, r_cpu = o.detach().cpu(), r.detach().cpu()
+        if o_cpu.shape != r_cpu.shape:
+            return Check(False, float("inf"), 0.0, f"{name}: shape {tuple(o_cpu.shape)} != {tuple(r_cpu.shape)}")
+        bad = int((o_cpu.to(torch.int64) != r_cpu.to(torch.int64)).sum())
+        frac = bad / max(1, o_cpu.numel())
+        worst = max(worst, frac)
+        ok = ok and bad == 0
+        details.append(f"{name}:{bad} differ")
+    return Check(ok, worst, 0.0, " ".join(details))

@@ -1,0 +1,302 @@
+"""NVFP4 (and MXFP4) in pure torch: the format every sm100-only kernel of this checkpoint reads and writes.
+
+Why a CPU implementation: the checkpoint's weights, the activations SGLang quantises, and the correctness
+oracle of every NVFP4 kernel must exist on machines without Blackwell (or without a GPU).
+
+Format, as FlashInfer 0.6.14 / TensorRT-LLM and SGLang 0.5.16 implement it:
+
+* e2m1 ("FP4"): 4-bit code, bit 3 = sign, bits 2..0 index the magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}
+  (``flashinfer/quantization/fp4_quantization.py: _E2M1_VALUES``). Two codes per byte, the **even**
+  element in the **low** nibble (PTX ``cvt.rn.satfinite.e2m1x2.f32 d, hi, lo`` is called with
+  ``array[1], array[0]``; FlashInfer's CPU dequant unpacks ``[:, 0::2] = byte & 0xF``).
+  Conversion is round-to-nearest-even with saturation to +-6.
+* One float8_e4m3fn block scale per 16 consecutive elements along K.
+* A float32 global scale per tensor. Quantisation takes ``global_scale = 448 * 6 / amax`` (what
+  ``flashinfer.fp4_quantize`` receives; SGLang passes ``input_scale_inv = 1 / input_scale``). The
+  checkpoint stores the inverse, the dequantisation scale: ``input_scale`` and ``weight_scale_2``
+  (``amax / (448 * 6)``); a W4A4 GEMM multiplies by ``alpha = input_scale * weight_scale_2``.
+* Per block (quantization_utils.cuh ``cvt_warp_fp16_to_fp4``): ``sf = e4m3(gs * (amax16 * (1/6)))``,
+  ``q = e2m1(x * 1 / (float(sf) * (1 / gs)))``; dequantised ``x = e2m1 * float(sf) / gs``.
+* Scale layouts: *linear* ``[rows, K/16]`` (the checkpoint, trtllm MoE hidden states) or *swizzled 128x4*
+  (CUTLASS/cuDNN/trtllm GEMMs): rows padded to 128 and K/16 to 4, then tiles of 128 rows x 4 columns,
+  each tile stored as [32][4][4] with ``offset = ((r // 128) * ceil(C/4) + c // 4) * 512 + (r % 32) * 16 +
+  ((r % 128) // 32) * 4 + c % 4`` (``get_sf_out_offset_128x4``; SGLang's ``swizzle_blockscale`` is the same
+  reshape/permute). Padding entries are zero.
+* MXFP4: one UE8M0 scale (a power of two, byte = exponent + 127) per 32 elements,
+  ``scale = 2 ** ceil(log2(amax32 / 6))``; no global scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+FP4_MAX = 6.0
+E4M3_MAX = 448.0
+NVFP4_BLOCK = 16
+MXFP4_BLOCK = 32
+SWIZZLE_ROWS = 128
+SWIZZLE_COLS = 4
+
+# Round-to-nearest-even on the e2m1 grid: the code is the number of midpoints below the magnitude.
+# At a midpoint the even code wins (codes 0, 2, 4, 6 have mantissa bit 0), so for midpoints whose lower
+# neighbour has an odd code a tie must round *up*: those boundaries move one ulp down.
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def _boundaries(device: torch.device) -> torch.Tensor:
+    b = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=device)
+    odd = torch.tensor([i % 2 == 1 for i in range(len(_MIDPOINTS))], device=device)
+    return torch.where(odd, torch.nextafter(b, torch.zeros_like(b)), b)
+
+
+def e2m1_values(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The 16 code values (float32), index = code."""
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=device)
+    return torch.cat([mags, -mags])
+
+
+def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """float -> e2m1 codes (uint8, 0..15): round to nearest even, saturate to +-6, sign kept for -0."""
+    xf = x.float()
+    mag = torch.bucketize(xf.abs(), _boundaries(xf.device), right=False).to(torch.uint8)
+    sign = torch.signbit(xf).to(torch.uint8) << 3
+    return mag | sign
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (uint8) -> float32 values."""
+    return e2m1_values(codes.device)[codes.long()]
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] codes -> [..., K/2] bytes; element 2i in the low nibble, 2i+1 in the high nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"last dimension must be even, got {codes.shape[-1]}")
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes -> [..., K] codes."""
+    p = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
+    return torch.stack([p & 0x0F, p >> 4], dim=-1).flatten(-2)
+
+
+def global_scale_for(amax: torch.Tensor | float) -> torch.Tensor:
+    """The quantisation global scale ``448 * 6 / amax`` (float32); its inverse is input_scale/weight_scale_2."""
+    a = torch.as_tensor(amax, dtype=torch.float32)
+    return (E4M3_MAX * FP4_MAX) / a
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """float -> float8_e4m3fn with saturation to 448 (``__NV_SATFINITE``), round to nearest even."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    if x.shape[-1] % block:
+        raise ValueError(f"last dimension {x.shape[-1]} is not a multiple of {block}")
+    return x.float().reshape(*x.shape[:-1], x.shape[-1] // block, block)
+
+
+def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (packed uint8 [..., K/2], block scales float8_e4m3fn [..., K/16], linear layout).
+
+    ``global_scale`` = 448*6/amax (flashinfer's ``global_scale``; SGLang's ``input_scale_inv``). The
+    arithmetic follows the CUDA kernel's order so that results match it bit for bit away from ties.
+    """
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
+    xb = _blocks(x, NVFP4_BLOCK)
+    amax = xb.abs().amax(dim=-1)
+    inv6 = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)
+    sf = to_e4m3(gs * (amax * inv6))
+    sf_f = sf.float()
+    denom = sf_f * (1.0 / gs)
+    out_scale = torch.where(denom > 0, 1.0 / torch.where(denom > 0, denom, 1.0), torch.zeros_like(denom))
+    codes = encode_e2m1(xb * out_scale.unsqueeze(-1))
+    return pack_e2m1(codes.flatten(-2)), sf
+
+
+def dequantize_nvfp4(
+    packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | float = 1.0
+) -> torch.Tensor:
+    """(packed [..., K/2], linear e4m3 scales [..., K/16]) -> float32 [..., K] = e2m1 * scale / global_scale.
+
+    Pass ``global_scale=1`` to get the operand a W4A4 GEMM multiplies before ``alpha``; for weights pass
+    ``1 / weight_scale_2``.
+    """
+    vals = decode_e2m1(unpack_e2m1(packed))
+    sf = scales.view(torch.float8_e4m3fn).float() if scales.dtype == torch.uint8 else scales.float()
+    blocks = vals.reshape(*vals.shape[:-1], sf.shape[-1], NVFP4_BLOCK) * sf.unsqueeze(-1)
+    gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
+    return blocks.flatten(-2) / gs
+
+
+# -- MXFP4 (UE8M0 scales, 32 per block) ---------------------------------------------------------------
+
+
+def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (packed uint8 [..., K/2], UE8M0 scale bytes uint8 [..., K/32], linear layout).
+
+    As ``fp4_quantize(..., sf_vec_size=32, sf_use_ue8m0=True)``: ``v = amax * (1/6)`` rounded *up* to a
+    power of two (``cudaRoundPosInf``), byte = exponent + 127; the global scale is not used on this path.
+    """
+    xb = _blocks(x, MXFP4_BLOCK)
+    v = xb.abs().amax(dim=-1) * torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)
+    mant, exp = torch.frexp(v)  # v = mant * 2**exp, mant in [0.5, 1)
+    e = torch.where(mant == 0.5, exp - 1, exp)  # exact powers of two stay
+    byte = torch.where(v > 0, (e + 127).clamp(0, 254), torch.zeros_like(e)).to(torch.uint8)
+    out_scale = torch.where(v > 0, torch.exp2(127.0 - byte.float()), torch.zeros_like(v))
+    codes = encode_e2m1(xb * out_scale.unsqueeze(-1))
+    return pack_e2m1(codes.flatten(-2)), byte
+
+
+def dequantize_mxfp4(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    vals = decode_e2m1(unpack_e2m1(packed))
+    sf = torch.exp2(scale_bytes.float() - 127.0)
+    return (vals.reshape(*vals.shape[:-1], sf.shape[-1], MXFP4_BLOCK) * sf.unsqueeze(-1)).flatten(-2)
+
+
+# -- the 128x4 swizzled scale layout ------------------------------------------------------------------
+
+
+def round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def swizzled_shape(rows: int, cols: int) -> tuple[int, int]:
+    return round_up(rows, SWIZZLE_ROWS), round_up(cols, SWIZZLE_COLS)
+
+
+def swizzled_offset(row: int, col: int, cols: int) -> int:
+    """Flat position of scale (row, col) in the 128x4 layout of a [rows, cols] scale matrix."""
+    tiles_k = -(-cols // SWIZZLE_COLS)
+    return (
+        ((row // 128) * tiles_k + col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 + col % 4
+    )
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype != torch.uint8 and t.element_size() == 1 else t
+
+
+def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[..., rows, cols] linear -> [..., Rp, Cp] whose bytes are in 128x4 order (zero padded), same dtype.
+
+    The 2-D shape is SGLang's ``weight_scale_interleaved`` / flashinfer's ``fp4_quantize`` view; ``.flatten()``
+    gives ``block_scale_interleave``'s 1-D buffer (per leading index, concatenated).
+    """
+    dtype = scales.dtype
+    s = _as_bytes(scales)
+    lead, (rows, cols) = s.shape[:-2], s.shape[-2:]
+    rp, cp = swizzled_shape(rows, cols)
+    s3 = s.reshape(-1, rows, cols)
+    padded = torch.zeros((s3.shape[0], rp, cp), dtype=s.dtype, device=s.device)
+    padded[:, :rows, :cols] = s3
+    out = padded.reshape(-1, rp // 128, 4, 32, cp // 4, 4).permute(0, 1, 4, 3, 2, 5).contiguous()
+    out = out.reshape(*lead, rp, cp)
+    return out.view(dtype) if dtype != out.dtype else out
+
+
+def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of swizzle_scales: a [..., Rp, Cp] (or flat [..., Rp*Cp]) swizzled buffer -> [..., rows, cols]."""
+    dtype = swizzled.dtype
+    s = _as_bytes(swizzled)
+    rp, cp = swizzled_shape(rows, cols)
+    n = s.numel() // (rp * cp)
+    if n * rp * cp != s.numel():
+        raise ValueError(f"{tuple(s.shape)} is not a whole number of swizzled [{rp}, {cp}] blocks")
+    t = s.reshape(n, rp // 128, cp // 4, 32, 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(n, rp, cp)
+    if s.dim() >= 2 and tuple(s.shape[-2:]) == (rp, cp):
+        lead = tuple(s.shape[:-2])
+    elif s.dim() >= 2:
+        lead = tuple(s.shape[:-1])
+    else:
+        lead = () if n == 1 else (n,)
+    out = t[:, :rows, :cols].reshape(*lead, rows, cols).contiguous()
+    return out.view(dtype) if dtype != out.dtype else out
+
+
+# -- references ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def exact_fp32_matmul() -> Iterator[None]:
+    """Disable TF32 for the duration (a reference must not be computed with 10-bit mantissas)."""
+    m = torch.backends.cuda.matmul
+    if hasattr(m, "fp32_precision"):
+        old = m.fp32_precision
+        m.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            m.fp32_precision = old
+    else:  # older torch
+        old_tf32 = m.allow_tf32
+        m.allow_tf32 = False
+        try:
+            yield
+        finally:
+            m.allow_tf32 = old_tf32
+
+
+def fp4_gemm_reference(
+    a_packed: torch.Tensor,
+    a_scales: torch.Tensor,
+    b_packed: torch.Tensor,
+    b_scales: torch.Tensor,
+    alpha: torch.Tensor | float,
+) -> torch.Tensor:
+    """W4A4 GEMM oracle: ``(deq(a) @ deq(b).T) * alpha`` in float32; a [M, K/2], b [N, K/2], linear scales."""
+    a = dequantize_nvfp4(a_packed, a_scales)
+    b = dequantize_nvfp4(b_packed, b_scales)
+    with exact_fp32_matmul():
+        out = a @ b.T
+    return out * torch.as_tensor(alpha, dtype=torch.float32, device=out.device)
+
+
+def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
+    """SwiGLU on [..., 2I] with the gate in the first half (SGLang / Marlin / trtllm order)."""
+    gate, up = h.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def moe_reference(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    w2: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    act_global_scales: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> torch.Tensor:
+    """Routed-expert oracle: ``out[t] = rsf * sum_k w[t,k] * down_e(silu(gate_e x) * up_e x)``, float32.
+
+    w13 = (packed [E, 2I, H/2], e4m3 scales [E, 2I, H/16], weight_scale_2 [E]) with gate rows first;
+    w2 = (packed [E, H, I/2], scales [E, H, I/16], weight_scale_2 [E]). ``act_global_scales`` =
+    (gs1, gs2) gives W4A4 numerics: x and the SwiGLU output are NVFP4-quantised with those global scales
+    before each GEMM (what the sm100 kernels do); None gives W4A16 (Marlin: activations stay high precision).
+    Only experts that some token selects are dequantised.
+    """
+    xf = x.float()
+    if act_global_scales is not None:
+        xf = dequantize_nvfp4(*quantize_nvfp4(x, act_global_scales[0]), act_global_scales[0])
+    out = torch.zeros(xf.shape, dtype=torch.float32, device=x.device)
+    flat = topk_ids.reshape(-1).long()
+    weights = topk_weights.reshape(-1).float()
+    token_of = torch.arange(flat.numel(), device=x.device) // topk_ids.shape[-1]
+    for e in torch.unique(flat).tolist():
+        sel = (flat == e).nonzero().squeeze(1)
+        tok = token_of[sel]
+        w1 = dequantize_nvfp4(w13[0][e], w13[1][e], 1.0 / w13[2][e].float())
+        w2e = dequantize_nvfp4(w2[0][e], w2[1][e], 1.0 / w2[2][e].float())
+        with exact_fp32_matmul():
+            act = silu_and_mul(xf[tok] @ w1.T)
+            if act_global_scales is not None:
+                act = dequantize_nvfp4(*quantize_nvfp4(act, act_global_scales[1]), act_global_scales[1])
+            y = act @ w2e.T
+        out.index_add_(0, tok, y * weights[sel].unsqueeze(1))
+    return out * routed_scaling_factor

@@ -1,0 +1,271 @@
+"""What the report shows, computed once: machines, the latest result per case, panels, history.
+
+Nothing here formats text; html.py and markdown.py render the same model. Results are grouped by
+machine (``device.name``) first, so two GPUs never share a series.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+from dskbench.compare import Stat, judge, natural_key, stat_from_record
+from dskbench.results import STATUSES, Run
+
+X_PREFERENCE = ("T", "B", "kv_len", "tp")
+CPU_NOTE = "CPU reference timings (torch references on the CPU; not GPU kernel performance)"
+
+
+@dataclass
+class Machine:
+    name: str
+    kind: str  # cuda | cpu
+    runs: list[Run]  # oldest first
+    latest: dict[tuple[str, str], dict[str, Any]]  # (case_id, backend) -> latest record
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind != "cuda"
+
+    @property
+    def slug(self) -> str:
+        return slug(self.name)
+
+    @property
+    def newest(self) -> dict[str, Any]:
+        return self.runs[-1].environment
+
+    def kernels(self) -> list[str]:
+        return sorted({r["kernel"] for r in self.latest.values()}, key=str.lower)
+
+    def records(self, kernel: str | None = None) -> list[dict[str, Any]]:
+        recs = [r for r in self.latest.values() if kernel is None or r["kernel"] == kernel]
+        return sorted(recs, key=lambda r: (natural_key(r.get("case_id") or ""), r["backend"]["name"]))
+
+
+@dataclass
+class Panel:
+    """One chart pair and table: an op (and variant) over one sweep variable, other variables fixed."""
+
+    op: str
+    variant: str | None
+    phases: list[str]
+    x_var: str
+    fixed: dict[str, int]
+    ok: dict[str, list[dict[str, Any]]]  # backend -> ok records sorted by x
+
+    @property
+    def title(self) -> str:
+        name = f"{self.op}:{self.variant}" if self.variant else self.op
+        parts = [name, "+".join(self.phases)] + [f"{k}={v}" for k, v in self.fixed.items()]
+        return " · ".join(parts)
+
+    def x(self, rec: dict[str, Any]) -> float:
+        return float(rec.get("point", {}).get(self.x_var, 0))
+
+
+@dataclass
+class History:
+    """Median latency of each (case, backend) at each commit (the latest run of that commit)."""
+
+    commits: list[tuple[str, str, str]]  # (commit, label, created)
+    values: dict[tuple[str, str], list[Stat | None]] = field(default_factory=dict)
+
+    def changes(self, threshold: float = 0.05) -> list[tuple[str, str, str, float | None, Stat, Stat]]:
+        """(case, backend, verdict, change, old, new) between the last two commits, not 'same'."""
+        out = []
+        for (case, backend), stats in self.values.items():
+            old, new = stats[-2], stats[-1]
+            if old is None or new is None:
+                continue
+            verdict, change, _ = judge(old, new, threshold)
+            if verdict not in ("same", "skipped"):
+                out.append((case, backend, verdict, change, old, new))
+        return sorted(out, key=lambda c: (natural_key(c[0]), c[1]))
+
+
+def slug(s: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in s).strip("-").lower() or "x"
+
+
+def machines(runs: list[Run]) -> list[Machine]:
+    """Runs grouped by device name (oldest first), each with its latest result per (case, backend)."""
+    by_name: dict[str, list[Run]] = defaultdict(list)
+    for run in sorted(runs, key=lambda r: str(r.environment.get("created", ""))):
+        dev = run.environment.get("device") or {}
+        by_name[str(dev.get("name") or dev.get("kind") or "unknown")].append(run)
+    out = []
+    for name, rs in by_name.items():
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        for run in rs:
+            for rec in run.results:
+                latest[(rec.get("case_id") or rec["kernel"], rec["backend"]["name"])] = rec
+        kind = str((rs[-1].environment.get("device") or {}).get("kind") or "cuda")
+        out.append(Machine(name, kind, rs, latest))
+    out.sort(key=lambda m: (m.is_cpu, m.name))
+    return out
+
+
+def status_counts(records: list[dict[str, Any]]) -> Counter:
+    c = Counter(r["status"] for r in records)
+    return Counter({s: c.get(s, 0) for s in STATUSES})
+
+
+def is_plan_skip(rec: dict[str, Any]) -> bool:
+    """A kernel skipped while planning (no adapter, host-only...): it has no case, only a reason."""
+    return rec["backend"].get("name") == "-" and "point" not in rec
+
+
+def panels(records: list[dict[str, Any]]) -> list[Panel]:
+    """The kernel's ok records cut into panels: per (op, variant), x = the first varying sweep variable."""
+    groups: dict[tuple[str, str | None], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r["status"] == "ok" and isinstance(r.get("point"), dict):
+            groups[(str(r.get("op") or ""), r.get("variant"))].append(r)
+    out: list[Panel] = []
+    for (op, variant), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        # phases share a chart when they cover different points (decode T=1..256, prefill T=512..)
+        by_phase: dict[str, set] = defaultdict(set)
+        for r in recs:
+            by_phase[str(r.get("phase"))].add(tuple(sorted(r["point"].items())))
+        sets = list(by_phase.values())
+        overlap = any(a & b for i, a in enumerate(sets) for b in sets[i + 1 :])
+        phase_groups = [[p] for p in by_phase] if overlap else [list(by_phase)]
+        for phases in phase_groups:
+            sub = [r for r in recs if str(r.get("phase")) in phases]
+            out.extend(_split_fixed(op, variant, phases, sub))
+    return out
+
+
+def _split_fixed(op: str, variant: str | None, phases: list[str], recs: list[dict[str, Any]]) -> list[Panel]:
+    values: dict[str, set] = defaultdict(set)
+    for r in recs:
+        for k, v in r["point"].items():
+            values[k].add(v)
+    order = sorted(values, key=lambda k: (X_PREFERENCE.index(k) if k in X_PREFERENCE else 99, k))
+    varying = [k for k in order if len(values[k]) > 1]
+    x_var = varying[0] if varying else order[0] if order else "T"
+    others = [k for k in varying if k != x_var]
+    out = []
+    combos = product(*(sorted(values[k]) for k in others)) if others else [()]
+    for combo in combos:
+        fixed = dict(zip(others, combo, strict=True))
+        sel = [r for r in recs if all(r["point"].get(k) == v for k, v in fixed.items())]
+        if not sel:
+            continue
+        ok: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in sel:
+            ok[r["backend"]["name"]].append(r)
+        for b in ok:
+            ok[b].sort(key=lambda r: r["point"].get(x_var, 0))
+        out.append(Panel(op, variant, phases, x_var, fixed, dict(sorted(ok.items()))))
+    return out
+
+
+def history(machine: Machine, kernel: str) -> History | None:
+    """Per-commit medians of the kernel's cases, when at least two commits measured the same one."""
+    commits: list[tuple[str, str, str]] = []
+    per_commit: dict[str, dict[tuple[str, str], Stat]] = {}
+    for run in machine.runs:
+        git = run.environment.get("git") or {}
+        commit = str(git.get("commit") or "unknown")
+        if commit not in per_commit:
+            label = commit[:8] + ("+dirty" if git.get("dirty") else "")
+            commits.append((commit, label, str(run.environment.get("created", ""))))
+            per_commit[commit] = {}
+        for rec in run.results:
+            if rec["kernel"] == kernel and not is_plan_skip(rec):
+                key = (rec.get("case_id") or kernel, rec["backend"]["name"])
+                per_commit[commit][key] = stat_from_record(rec, commit)
+    if len(commits) < 2:
+        return None
+    h = History(commits)
+    keys = sorted({k for d in per_commit.values() for k in d}, key=lambda k: (natural_key(k[0]), k[1]))
+    for key in keys:
+        stats = [per_commit[c].get(key) for c, _, _ in commits]
+        if sum(1 for s in stats if s is not None and s.status == "ok") >= 2:
+            h.values[key] = stats
+    return h if h.values else None
+
+
+# -- metrics -------------------------------------------------------------------------------------------
+
+_BW_NAMES = ("pct_bw", "pct_bw_measured", "pct_measured_bw", "pct_peak_bw", "pct_bandwidth", "pct_dram")
+_FLOP_NAMES = ("pct_flops", "pct_compute", "pct_tflops", "pct_flops_measured", "pct_peak_flops", "pct_peak_tflops")
+
+
+def pct_of_peak(metrics: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
+    """(% of bandwidth peak, % of compute peak): measured ceilings preferred over datasheet ones."""
+    if not metrics:
+        return None, None
+    return _pick(metrics, _BW_NAMES, ("bw", "band", "dram", "mem")), _pick(
+        metrics, _FLOP_NAMES, ("flop", "compute", "tc", "math")
+    )
+
+
+def _pick(metrics: Mapping[str, Any], names: tuple[str, ...], words: tuple[str, ...]) -> float | None:
+    for n in names:
+        v = metrics.get(n)
+        if _num(v):
+            return float(v)
+    cands = [k for k in metrics if k.startswith("pct") and any(w in k.lower() for w in words) and _num(metrics[k])]
+    cands.sort(key=lambda k: ("datasheet" in k or "spec" in k, k))
+    return float(metrics[cands[0]]) if cands else None
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def gbps(rec: dict[str, Any]) -> float | None:
+    m = rec.get("metrics") or {}
+    if _num(m.get("gbps")):
+        return float(m["gbps"])
+    b, t = (rec.get("traffic") or {}).get("bytes"), (rec.get("timing") or {}).get("median_us")
+    return b / (t * 1e3) if _num(b) and _num(t) and t > 0 and b > 0 else None
+
+
+def tflops(rec: dict[str, Any]) -> float | None:
+    m = rec.get("metrics") or {}
+    if _num(m.get("tflops")):
+        return float(m["tflops"])
+    f, t = (rec.get("traffic") or {}).get("flops"), (rec.get("timing") or {}).get("median_us")
+    return f / (t * 1e6) if _num(f) and _num(t) and t > 0 and f > 0 else None
+
+
+def flags(rec: dict[str, Any]) -> list[str]:
+    """Warnings that qualify a number: throttled clocks, a measurement that did not converge."""
+    out = []
+    clocks = rec.get("clocks") or {}
+    if clocks.get("throttled"):
+        reasons = ", ".join(str(r) for r in clocks.get("throttle_reasons") or []) or "clocks"
+        out.append(f"throttled ({reasons})")
+    t = rec.get("timing") or {}
+    if t.get("converged") is False:
+        cv = t.get("cv")
+        out.append("not converged" + (f" (cv {cv:.1%})" if _num(cv) else ""))
+    return out
+
+
+def category_of(kernel: str, categories: Mapping[str, str] | None, rec: dict[str, Any] | None = None) -> str:
+    if rec and rec.get("category"):
+        return str(rec["category"])
+    if categories and categories.get(kernel):
+        return str(categories[kernel])
+    return "uncategorised"
+
+
+def registry_categories() -> dict[str, str]:
+    """Kernel -> category from the kernel registry, or nothing when it cannot be read here."""
+    try:
+        from dskbench import paths
+        from dskbench.registry import load_registry
+
+        reg = load_registry(paths.REGISTRY_DIR)
+        return {name: str(getattr(e, "category", "") or "") for name, e in reg.items()}
+    except Exception:  # the report must not depend on the registry being present
+        return {}

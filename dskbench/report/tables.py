@@ -1,0 +1,221 @@
+"""Table contents shared by the HTML and Markdown reports: rows, problem lists, summaries, formats."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dskbench.compare import natural_key
+from dskbench.report.model import (
+    Machine,
+    Panel,
+    category_of,
+    flags,
+    gbps,
+    is_plan_skip,
+    pct_of_peak,
+    status_counts,
+    tflops,
+)
+
+PROBLEM_ORDER = {"wrong": 0, "error": 1, "skipped": 2}
+
+
+def fmt_num(x: float | None, digits: int = 3) -> str:
+    """Three significant digits, thousands separated; '–' for nothing."""
+    if x is None or not math.isfinite(x):
+        return "–"
+    a = abs(x)
+    if a >= 10 ** (digits - 1):
+        return f"{x:,.0f}"
+    if a == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(a)))
+    return f"{x:.{min(decimals, 4)}f}"
+
+
+def fmt_pct(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.0f}%" if x >= 10 else f"{x:.1f}%"
+
+
+def point_label(point: Mapping[str, Any] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in (point or {}).items())
+
+
+@dataclass
+class Row:
+    rec: dict[str, Any]
+    phase: str
+    x: float
+    backend: str
+    median: float
+    p10: float | None
+    p90: float | None
+    gbps: float | None
+    tflops: float | None
+    pct_bw: float | None
+    pct_flops: float | None
+    flags: list[str]
+    fastest: bool = False
+
+
+def panel_rows(panel: Panel) -> list[Row]:
+    """Rows sorted by sweep value then latency; the fastest backend at each value is marked."""
+    rows = []
+    for backend, recs in panel.ok.items():
+        for r in recs:
+            t = r.get("timing") or {}
+            bw, fl = pct_of_peak(r.get("metrics"))
+            rows.append(
+                Row(
+                    r,
+                    str(r.get("phase") or ""),
+                    panel.x(r),
+                    backend,
+                    float(t["median_us"]),
+                    t.get("p10_us"),
+                    t.get("p90_us"),
+                    gbps(r),
+                    tflops(r),
+                    bw,
+                    fl,
+                    flags(r),
+                )
+            )
+    rows.sort(key=lambda r: (r.x, r.median))
+    best: dict[float, Row] = {}
+    for r in rows:
+        if r.x not in best:
+            best[r.x] = r
+    if len(panel.ok) > 1:
+        for r in best.values():
+            r.fastest = True
+    return rows
+
+
+@dataclass
+class Problem:
+    status: str
+    backend: str
+    reason: str
+    cases: list[dict[str, Any]] = field(default_factory=list)
+
+    def where(self, limit: int = 12) -> str:
+        """The cases, compressed: `input_layernorm · decode · T=1, 2, 4`."""
+        groups: dict[str, list[str]] = defaultdict(list)
+        for r in self.cases:
+            if "point" not in r:
+                groups[str(r.get("case_id") or r["kernel"])].append("")
+                continue
+            op = f"{r.get('op')}:{r['variant']}" if r.get("variant") else str(r.get("op"))
+            groups[f"{op} · {r.get('phase')}"].append(point_label(r.get("point")))
+        parts = []
+        for head, pts in groups.items():
+            pts = [p for p in pts if p]
+            shown = ", ".join(pts[:limit]) + (f", … ({len(pts)} cases)" if len(pts) > limit else "")
+            parts.append(f"{head} · {shown}" if pts else head)
+        return "; ".join(parts)
+
+
+def problems(records: list[dict[str, Any]]) -> list[Problem]:
+    """wrong/error/skipped results grouped by (status, backend, reason)."""
+    groups: dict[tuple[str, str, str], Problem] = {}
+    for r in records:
+        if r["status"] == "ok":
+            continue
+        key = (r["status"], r["backend"]["name"], str(r.get("reason") or ""))
+        groups.setdefault(key, Problem(*key)).cases.append(r)
+    for p in groups.values():
+        p.cases.sort(key=lambda r: natural_key(str(r.get("case_id") or "")))
+    return sorted(groups.values(), key=lambda p: (PROBLEM_ORDER.get(p.status, 9), p.backend, p.reason))
+
+
+@dataclass
+class SummaryRow:
+    category: str
+    kernels: int
+    cases: int
+    counts: dict[str, int]
+    backends: int = 0
+
+
+def summary(machine: Machine, categories: Mapping[str, str] | None) -> list[SummaryRow]:
+    """Per category: kernels, distinct cases, and result counts by status; a total row last."""
+    per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in machine.records():
+        per[category_of(r["kernel"], categories, r)].append(r)
+    rows = [_summary_row(cat, recs) for cat, recs in sorted(per.items())]
+    rows.append(_summary_row("total", [r for recs in per.values() for r in recs]))
+    return rows
+
+
+def _summary_row(cat: str, recs: list[dict[str, Any]]) -> SummaryRow:
+    cases = {r.get("case_id") for r in recs if not is_plan_skip(r)}
+    backends = {r["backend"]["name"] for r in recs if not is_plan_skip(r)}
+    return SummaryRow(cat, len({r["kernel"] for r in recs}), len(cases), dict(status_counts(recs)), len(backends))
+
+
+def environment_facts(env: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Label/value pairs for the header: machine, driver, library versions, commit, date."""
+    dev = env.get("device") or {}
+    out: list[tuple[str, str]] = []
+    if dev.get("kind") == "cuda":
+        sm = dev.get("sm")
+        gpu = f"{dev.get('name')} (sm{sm})" if sm else str(dev.get("name"))
+        if dev.get("count", 1) and int(dev.get("count") or 1) > 1:
+            gpu += f" ×{dev['count']}"
+        out.append(("GPU", gpu))
+        mem = dev.get("memory_gib") or dev.get("memory_total_gb")
+        extra = [f"{mem} GiB" if mem else "", f"{dev['multiprocessors']} SMs" if dev.get("multiprocessors") else ""]
+        if any(extra):
+            out.append(("memory / SMs", " · ".join(e for e in extra if e)))
+        drv = dev.get("driver_version")
+        cuda = dev.get("cuda_driver_version")
+        if drv or cuda:
+            out.append(("driver", " · ".join(x for x in (drv and f"{drv}", cuda and f"CUDA {cuda}") if x)))
+    else:
+        cores = f", {dev['cores']} cores" if dev.get("cores") else ""
+        out.append(("CPU", f"{dev.get('cpu') or dev.get('name') or 'cpu'}{cores}"))
+    if env.get("host"):
+        out.append(("host", str(env["host"])))
+    versions = env.get("versions") or {}
+    shown = [f"{k} {v}" for k, v in versions.items() if v and k not in ("dskbench",)]
+    if shown:
+        out.append(("versions", " · ".join(shown)))
+    git = env.get("git") or {}
+    if git.get("commit"):
+        out.append(("commit", str(git["commit"])[:12] + (" (dirty)" if git.get("dirty") else "")))
+    if env.get("created"):
+        out.append(("date", str(env["created"]).replace("T", " ")))
+    settings = env.get("settings") or {}
+    if settings:
+        keys = ("profile", "mode", "phases", "tp", "seed")
+        shown_settings = [f"{k} {_short(settings[k])}" for k in keys if settings.get(k) not in (None, "", [])]
+        if shown_settings:
+            out.append(("settings", " · ".join(shown_settings)))
+    return out
+
+
+def ceiling_facts(ceilings: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Flattened measured ceilings (whatever their layout): `dram_gbps` -> `3,870`."""
+    if not isinstance(ceilings, Mapping):
+        return [(prefix or "ceiling", _short(ceilings))] if ceilings not in (None, "", {}) else []
+    out: list[tuple[str, str]] = []
+    for k, v in ceilings.items():
+        name = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.extend(ceiling_facts(v, name))
+        elif v is not None:
+            out.append((name, _short(v)))
+    return out
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return fmt_num(v, 4)
+    if isinstance(v, list | tuple):
+        return ",".join(str(x) for x in v)
+    return str(v)

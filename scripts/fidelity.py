@@ -1,0 +1,187 @@
+"""Timer fidelity: our measurement core against CUPTI kernel durations and do_bench_cudagraph.
+
+For each selected kernel case (same inputs, same process): our median in cold and hot mode, the
+PyTorch profiler's (CUPTI) kernel time in the same condition (L2 flushed before each launch / back to
+back; for ops that launch several kernels, the span from the first kernel's start to the last one's
+end), and triton's do_bench_cudagraph. Prints a table and writes JSON (GPU only).
+
+    python3 scripts/fidelity.py --out results/fidelity.json [--cases scripts/fidelity_cases.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# kernel, op[:variant], phase, point, backend — chosen to span ~1 µs to ~1 ms
+DEFAULT_CASES = [
+    ("rmsnorm", "input_layernorm", "decode", {"T": 1}, "sgl_kernel"),
+    ("rmsnorm", "input_layernorm", "decode", {"T": 64}, "flashinfer"),
+    ("silu_and_mul", "shared_experts", "decode", {"T": 64, "tp": 1}, "sgl_kernel"),
+    ("fused_add_rmsnorm", "post_attention_layernorm", "decode", {"T": 256}, "sgl_kernel"),
+    ("apply_rope_with_cos_sin_cache_inplace", "rotary_emb", "decode", {"T": 64, "tp": 1}, "sglang_jit"),
+    ("moe_align_block_size", "experts", "decode", {"T": 64, "tp": 1}, "sgl_kernel"),
+    ("moe_fused_gate", "topk", "decode", {"T": 64}, "flashinfer"),
+    ("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa", "decode", {"T": 8}, "sglang_jit"),
+    ("sgl_per_token_group_quant_fp8", "per_token_group_quant_fp8:K7168", "prefill", {"T": 2048}, "sgl_kernel"),
+    ("merge_state_v2", "attn_mha", "prefill", {"T": 4096, "tp": 1}, "sgl_kernel"),
+    ("bmm_fp8", "forward_absorb_prepare:q_nope_w_kc", "decode", {"T": 64, "tp": 1}, "sgl_kernel"),
+    ("fp8_scaled_mm", "q_b_proj", "prefill", {"T": 4096, "tp": 1}, "sgl_kernel"),
+    ("decode_attention_kernel", "attn_mqa", "decode", {"B": 64, "kv_len": 4096, "tp": 1}, "sglang_triton"),
+    ("fused_moe_kernel", "experts", "decode", {"T": 64, "tp": 1}, "sglang_triton"),
+    ("top_k_renorm_prob", "sampler.forward", "decode", {"B": 64}, "flashinfer"),
+]
+
+
+def find_case(shapes, registry, kernel: str, op_spec: str, phase: str, point: dict[str, int], backend: str):
+    from dskbench.adapters import get_adapter
+
+    adapter = get_adapter(kernel)
+    if adapter is None:
+        return None, f"no adapter for {kernel}"
+    op, _, variant = op_spec.partition(":")
+    for case in shapes.cases(kernel, [op], adapter.role, phase, "full", [point.get("tp", 1)]):
+        if (variant or None) == case.variant and all(case.point.get(k) == v for k, v in point.items()):
+            return case, None
+    return None, f"no case {op_spec} {phase} {point} for role {adapter.role}"
+
+
+def profiler_spans(launch, flush, iters: int, cold: bool) -> list[float]:
+    """Per-launch GPU span (µs) from CUPTI: kernels launched inside each annotated iteration."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            if cold:
+                flush()
+            with record_function(f"fid_iter_{i}"):
+                launch()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    ranges = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("fid_iter_") and e.get("cat") == "user_annotation"
+    ]
+    launches = {}  # correlation -> cpu ts of the runtime launch call
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = e["ts"]
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    spans = []
+    for lo, hi in sorted(ranges):
+        mine = [k for k in kernels if lo <= launches.get(k.get("args", {}).get("correlation"), -1) <= hi]
+        if mine:
+            spans.append(max(k["ts"] + k["dur"] for k in mine) - min(k["ts"] for k in mine))
+    return spans
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--iters", type=int, default=200)
+    args = ap.parse_args(argv)
+
+    import torch
+    import triton.testing
+
+    from dskbench import measure as core
+    from dskbench.backends import DeviceInfo
+    from dskbench.registry import load_registry
+    from dskbench.runner import prepare_case
+    from dskbench.shapes import default_shapes
+
+    device = DeviceInfo.detect("cuda")
+    if device.kind != "cuda":
+        print("fidelity.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    shapes, registry = default_shapes(), load_registry()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+
+    def flush() -> None:
+        flush_buf.fill_(1)
+
+    rows: list[dict[str, Any]] = []
+    for kernel, op_spec, phase, point, backend in DEFAULT_CASES:
+        row: dict[str, Any] = {"kernel": kernel, "op": op_spec, "phase": phase, "point": point, "backend": backend}
+        rows.append(row)
+        try:
+            case, why = find_case(shapes, registry, kernel, op_spec, phase, point, backend)
+            if case is None:
+                row["status"] = f"skipped: {why}"
+                continue
+            base, prep = prepare_case(kernel, case, backend, device, seed=1234)
+            if prep is None:
+                row["status"] = f"{base['status']}: {base.get('reason')}"
+                continue
+            row["case_id"] = case.id
+            for mode in ("cold", "hot"):
+                m = core.measure([prep.launch], device="cuda", mode=mode, capturable=prep.backend.capturable)
+                row[f"ours_{mode}_us"] = m.median_us
+                row[f"ours_{mode}_cv"] = m.cv
+                row[f"ours_{mode}_method"] = m.method
+                spans = profiler_spans(prep.launch, flush, args.iters, cold=(mode == "cold"))
+                row[f"cupti_{mode}_us"] = statistics.median(spans) if spans else None
+            row["do_bench_cudagraph_us"] = 1000 * triton.testing.do_bench_cudagraph(
+                prep.launch, rep=100, return_mode="median"
+            )
+            row["do_bench_eager_us"] = 1000 * triton.testing.do_bench(prep.launch, rep=100, return_mode="median")
+            row["status"] = "ok"
+        except Exception as e:  # noqa: BLE001 - one broken case must not end the comparison
+            row["status"] = f"error: {type(e).__name__}: {e}"[:300]
+        finally:
+            torch.cuda.empty_cache()
+        time.sleep(0.05)
+
+    for r in rows:
+        for mode in ("cold", "hot"):
+            ours, ref = r.get(f"ours_{mode}_us"), r.get(f"cupti_{mode}_us")
+            if ours and ref:
+                r[f"{mode}_delta_us"] = ours - ref
+                r[f"{mode}_delta_pct"] = 100 * (ours - ref) / ref
+                r[f"{mode}_within_target"] = abs(ours - ref) <= (0.03 * ref if ref >= 5 else 0.3)
+    from dskbench.environment import environment
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"environment": environment(device), "rows": rows}, indent=1, default=str))
+    hdr = f"{'case':58} {'cold':>8} {'cupti':>8} {'d%':>6} | {'hot':>8} {'cupti':>8} {'d%':>6} | {'dbcg':>8} {'dbe':>8}"
+    print(hdr)
+    for r in rows:
+        name = (r.get("case_id") or f"{r['kernel']}/{r['op']}") + " " + r["backend"]
+        if r.get("status") != "ok":
+            print(f"{name[:58]:58} {r.get('status')}"[:160])
+            continue
+
+        def f(k: str) -> str:
+            v = r.get(k)
+            return f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"
+
+        def d(k: str) -> str:
+            v = r.get(k)
+            return f"{v:+6.1f}" if isinstance(v, float) else f"{'-':>6}"
+
+        print(
+            f"{name[:58]:58} {f('ours_cold_us')} {f('cupti_cold_us')} {d('cold_delta_pct')} | {f('ours_hot_us')} "
+            f"{f('cupti_hot_us')} {d('hot_delta_pct')} | {f('do_bench_cudagraph_us')} {f('do_bench_eager_us')}"
+        )
+    ok = [r for r in rows if r.get("status") == "ok"]
+    within = sum(bool(r.get(f"{m}_within_target")) for r in ok for m in ("cold", "hot"))
+    print(f"{len(ok)} cases measured; {within}/{2 * len(ok)} mode comparisons within target (3% >= 5 us, 0.3 us below)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

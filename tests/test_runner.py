@@ -1,0 +1,110 @@
+"""The runner: planning, incremental writing, crash isolation, error paths (CPU, fake kernels)."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
+
+from dskbench.results import read_runs  # noqa: E402
+from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels  # noqa: E402
+from dskbench.shapes import default_shapes  # noqa: E402
+
+FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_raise")
+
+
+def _entry(name: str, status: str = "benchmark", reason: str = "") -> SimpleNamespace:
+    return SimpleNamespace(name=name, status=status, status_reason=reason, op_names=["input_layernorm"], aliases=())
+
+
+@pytest.fixture()
+def registry():
+    reg = {n: _entry(n) for n in FAKES}
+    reg["fake_host"] = _entry("fake_host", "host-only", "host function, no GPU kernel")
+    reg["fake_noadapter"] = _entry("fake_noadapter")
+    return reg
+
+
+def _opts(**kw) -> SweepOptions:
+    base = dict(device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1)
+    base.update(kw)
+    return SweepOptions(**base)
+
+
+def test_unknown_kernel_is_a_clear_error(registry):
+    with pytest.raises(PlanError, match="unknown kernel 'fake_okk'.*did you mean fake_ok"):
+        select_kernels(registry, ["fake_okk"])
+
+
+def test_unknown_backend_is_a_clear_error(registry):
+    with pytest.raises(PlanError, match="unknown backend"):
+        plan_sweep(registry, default_shapes(), ["fake_ok"], ["nope"], _opts())
+
+
+def test_plan_skips_non_benchmark_and_adapterless_kernels(registry):
+    items, skips = plan_sweep(registry, default_shapes(), ["fake_host", "fake_noadapter", "fake_ok"], None, _opts())
+    reasons = {s["kernel"]: s["reason"] for s in skips}
+    assert reasons["fake_host"].startswith("host-only")
+    assert reasons["fake_noadapter"] == "no adapter for this kernel yet"
+    # CPU: only the torch reference runs; cpu profile decode T in [1, 16, 64]
+    assert {i.backend for i in items} == {"torch-ref"}
+    assert sorted(i.case["point"]["T"] for i in items) == [1, 16, 64]
+
+
+def _run(tmp_path, registry, kernels, backends, isolate=True):
+    items, skips = plan_sweep(registry, default_shapes(), kernels, backends, _opts())
+    out = tmp_path / "r.jsonl"
+    summary = run_sweep(items, skips, _opts(isolate=isolate), out)
+    (run,) = read_runs([out])
+    return summary, run
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_statuses_ok_wrong_skipped(tmp_path, registry, isolate):
+    summary, run = _run(tmp_path, registry, ["fake_ok", "fake_wrong"], ["fake", "b200"], isolate)
+    by = {(r["kernel"], r["backend"]["name"], r["point"]["T"]): r for r in run.results}
+    ok = by[("fake_ok", "fake", 16)]
+    assert ok["status"] == "ok" and ok["timing"]["median_us"] > 0 and ok["timing"]["method"] == "cpu-wall"
+    assert ok["check"]["error"] < 1e-6
+    wrong = by[("fake_wrong", "fake", 16)]
+    assert wrong["status"] == "wrong" and "relative error" in wrong["reason"] and "timing" not in wrong
+    sk = by[("fake_ok", "b200", 16)]
+    assert sk["status"] == "skipped" and sk["reason"].startswith("needs sm100")
+    assert summary.counts["ok"] == 3 and summary.counts["wrong"] == 3 and summary.counts["skipped"] == 3
+
+
+def test_crash_loses_only_its_case(tmp_path, registry):
+    summary, run = _run(tmp_path, registry, ["fake_ok", "fake_crash", "fake_poison", "fake_raise"], ["fake"])
+    status = {(r["kernel"], r["point"]["T"]): r for r in run.results}
+    for t in (1, 16, 64):
+        assert status[("fake_ok", t)]["status"] == "ok"
+        crash = status[("fake_crash", t)]
+        assert crash["status"] == "error" and "worker process died (exit code 77)" in crash["reason"]
+        assert status[("fake_poison", t)]["status"] == "error"
+        assert "illegal memory access" in status[("fake_poison", t)]["reason"]
+        assert status[("fake_raise", t)]["reason"] == "ValueError: shape mismatch in fake kernel"
+    assert summary.counts["ok"] == 3 and summary.counts["error"] == 9
+    assert len(run.results) == 12
+
+
+def test_missing_backend_is_not_available(tmp_path, registry):
+    _summary, run = _run(tmp_path, registry, ["fake_raise"], ["missing"])
+    assert all(r["status"] == "skipped" for r in run.results)
+    assert run.results[0]["reason"].startswith("not available in this install: no_such_module_xyz:fn")
+
+
+def test_results_written_as_they_finish(tmp_path, registry):
+    """Each record is on disk (flushed) before the next case starts, so a killed sweep keeps them."""
+    items, skips = plan_sweep(registry, default_shapes(), ["fake_ok", "fake_crash"], ["fake"], _opts())
+    out = tmp_path / "r.jsonl"
+    seen: list[int] = []
+
+    def progress(item, status, fields):
+        seen.append(len(out.read_text().splitlines()))
+
+    run_sweep(items, skips, _opts(), out, progress=progress)
+    assert seen == list(range(2, 2 + len(items)))  # environment line + one line per finished case
