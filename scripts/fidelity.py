@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name[:58]:58} {r.get('status')}"[:160])
             continue
 
-        def f(k: str) -> str:
+        def f(k: str, r: dict = r) -> str:
             v = r.get(k)
             return f"{v:8.2f}" if isinstance(v, float) else f"{'-':>8}"
 
-        def d(k: str) -> str:
+        def d(k: str, r: dict = r) -> str:
             v = r.get(k)
             return f"{v:+6.1f}" if isinstance(v, float) else f"{'-':>6}"
 

@@ -1,0 +1,141 @@
+"""pytest-benchmark front end of dskbench: one test per (kernel case, backend), statistics from GPU samples.
+
+Run it explicitly (pyproject's testpaths keeps it out of the unit tests, which must stay fast):
+
+    pytest bench --dskbench-sweep decode --dskbench-kernel rmsnorm --benchmark-json out.json
+    pytest bench --benchmark-autosave ...; later: pytest bench --benchmark-compare --benchmark-compare-fail=median:5%
+
+Tests are parametrised from the same plan as the asv suite (dskbench.suite). The first test of a kernel
+measures all of that kernel's selected cases in one isolated worker through the runner (the one
+measurement core); each test then replays its case's samples into pytest-benchmark (suite.replay), so
+min/median/IQR/compare are statistics of GPU time, not of the host. Without a GPU it times the torch
+reference on the CPU, says so in the header, the machine info and every extra_info, and the GPU
+backends are skipped with the runner's reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dskbench import suite
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("dskbench", "dskbench case selection")
+    g.addoption("--dskbench-kernel", action="append", help="kernel name or alias (repeatable; default all)")
+    g.addoption("--dskbench-backend", action="append", help="backend name (repeatable)")
+    g.addoption("--dskbench-sweep", action="append", help="decode, prefill, decode_graph or all")
+    g.addoption("--dskbench-device", default=os.environ.get("DSKBENCH_DEVICE"), help="cuda, cpu or auto")
+    g.addoption("--dskbench-quick", action="store_true", help="quick sweep points and time budget")
+    g.addoption("--dskbench-tp", help="tensor-parallel degrees, e.g. 1,8")
+    g.addoption("--dskbench-mode", help="cold (default), hot or rotate")
+    g.addoption("--dskbench-budget", help="time budget per case, seconds")
+    g.addoption(
+        "--dskbench-jsonl-dir",
+        type=Path,
+        help="keep each kernel's JSON lines here (default results/pytest-jsonl/)",
+    )
+
+
+class _Session:
+    """The plan and the per-kernel measurements of one pytest session."""
+
+    def __init__(self, config: pytest.Config):
+        opt = config.getoption
+        device = (opt("dskbench_device") or "auto").lower()
+        if device == "auto":
+            device = suite.detect_device()
+        self.selection = suite.Selection.parse(
+            device=device,
+            kernels=opt("dskbench_kernel"),
+            backends=opt("dskbench_backend"),
+            sweep=opt("dskbench_sweep"),
+            quick=opt("dskbench_quick"),
+            tp=opt("dskbench_tp"),
+            mode=opt("dskbench_mode"),
+            budget=opt("dskbench_budget"),
+            all_backends=device == "cpu",
+        )
+        self._plan: suite.Plan | None = None
+        self.selected: dict[str, set[str]] = {}
+        self.measured: dict[str, dict[str, Any]] = {}
+        from dskbench import paths
+
+        self.keep_dir = opt("dskbench_jsonl_dir") or paths.RESULTS_DIR / "pytest-jsonl"
+
+    @property
+    def plan(self) -> suite.Plan:
+        if self._plan is None:
+            self._plan = suite.load_plan(self.selection)
+        return self._plan
+
+    def result(self, key: str) -> dict[str, Any]:
+        kernel = self.plan.kernel_of()[key]
+        if kernel not in self.measured:
+            keys = self.selected.get(kernel) or {key}
+            self.measured[kernel] = suite.measure_kernel(
+                kernel, self.plan.items(kernel, keys), self.selection, keep_dir=self.keep_dir
+            )
+        rec = self.measured[kernel]["cases"].get(key)
+        if rec is None:
+            pytest.fail(f"{key}: the runner returned no result for this case")
+        return {**rec, "jsonl": self.measured[kernel]["jsonl"]}
+
+
+def _session(config: pytest.Config) -> _Session:
+    s = getattr(config, "_dskbench", None)
+    if s is None:
+        s = config._dskbench = _Session(config)
+    return s
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "dsk_case" in metafunc.fixturenames:
+        plan = _session(metafunc.config).plan
+        keys = [k for kernel in plan.kernels for k in plan.keys(kernel)]
+        metafunc.parametrize("dsk_case", keys, ids=keys)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Measure only the cases that survived -k/deselection, a kernel at a time."""
+    s = getattr(session.config, "_dskbench", None)
+    if s is None:
+        return
+    kernel_of = s.plan.kernel_of()
+    for item in session.items:
+        key = getattr(item, "callspec", None) and item.callspec.params.get("dsk_case")
+        if key in kernel_of:
+            s.selected.setdefault(kernel_of[key], set()).add(key)
+
+
+@pytest.fixture
+def dsk_result(request: pytest.FixtureRequest, dsk_case: str) -> dict[str, Any]:
+    return _session(request.config).result(dsk_case)
+
+
+@pytest.fixture
+def dsk_selection(request: pytest.FixtureRequest) -> suite.Selection:
+    return _session(request.config).selection
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    sel = _session(config).selection
+    return f"dskbench: {sel.label()}; sweeps {','.join(sel.phases)}, profile {sel.profile}"
+
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    """GPU identity next to pytest-benchmark's host info (its machine_id has no GPU in it)."""
+    from dskbench.asv_machine import read_gpus
+
+    sel = _session(config).selection
+    try:
+        gpus = read_gpus()
+    except Exception as e:  # no NVML on this box
+        gpus, machine_info["nvml_error"] = [], f"{type(e).__name__}: {e}"
+    machine_info["gpu"] = gpus[0] if gpus else None
+    machine_info["gpu_count"] = len(gpus)
+    machine_info["dskbench"] = {"device": sel.device, "label": sel.label(), "selection": sel.to_json()}
