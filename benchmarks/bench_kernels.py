@@ -24,6 +24,7 @@ import hashlib
 import keyword
 import linecache
 import re
+from pathlib import Path
 from typing import Any
 
 from dskbench import suite
@@ -36,6 +37,7 @@ except ImportError:  # imported outside asv (tests, tooling)
         pass
 
 
+_CHECKOUT = Path(__file__).resolve().parent.parent
 _SELECTION = suite.Selection.from_env()
 _PLAN = suite.load_plan(_SELECTION)
 # Attribute names asv reads from the benchmark's class *and module*; a kernel must not shadow them.
@@ -60,7 +62,7 @@ class _KernelBenchmark:
             self.kernel,
             _PLAN.items(self.kernel),
             _SELECTION,
-            keep_dir=suite.asv_jsonl_dir(),
+            keep_dir=suite.asv_jsonl_dir(_CHECKOUT),
             progress=_progress,
         )
         print(f"dskbench {self.kernel}: {cache['summary']}")

@@ -91,6 +91,11 @@ def global_scale_for(amax: torch.Tensor | float) -> torch.Tensor:
     return (E4M3_MAX * FP4_MAX) / a
 
 
+def nvfp4_bytes(n_elems: int) -> int:
+    """Storage of n NVFP4 elements: 0.5 B packed + one e4m3 scale byte per 16 = 0.5625 B/elem (unpadded)."""
+    return n_elems // 2 + n_elems // NVFP4_BLOCK
+
+
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     """float -> float8_e4m3fn with saturation to 448 (``__NV_SATFINITE``), round to nearest even."""
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
@@ -174,9 +179,7 @@ def swizzled_shape(rows: int, cols: int) -> tuple[int, int]:
 def swizzled_offset(row: int, col: int, cols: int) -> int:
     """Flat position of scale (row, col) in the 128x4 layout of a [rows, cols] scale matrix."""
     tiles_k = -(-cols // SWIZZLE_COLS)
-    return (
-        ((row // 128) * tiles_k + col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 + col % 4
-    )
+    return ((row // 128) * tiles_k + col // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 + col % 4
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ ENTRY_KEYS = (
     "disagreements",
     "traces",
 )
-STATUSES = ("benchmark", "host-only", "needs-multi-gpu", "utility", "not-in-model")
+STATUSES = ("benchmark", "host-only", "needs-multi-gpu", "utility", "not-in-model", "absent")
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,7 @@ class Aliases:
     kernels: dict[str, str] = field(default_factory=dict)
     categories: Vocab = field(default_factory=Vocab)
     sources: Vocab = field(default_factory=Vocab)
+    absent: dict[str, str] = field(default_factory=dict)  # traced names no pinned package has -> why
 
     def canonical(self, name: str) -> str:
         return self.kernels.get(name, name)
@@ -164,6 +165,7 @@ def load_aliases(path: Path | None = None) -> Aliases:
         {str(k): str(v) for k, v in (data.get("kernels") or {}).items()},
         Vocab.from_data(data.get("categories")),
         Vocab.from_data(data.get("sources")),
+        {str(k): str(v) for k, v in (data.get("absent") or {}).items()},
     )
 
 
@@ -333,6 +335,8 @@ class _Entry:
         return sorted(norm_section(s) for s in secs if s)
 
     def status(self, category: str | None, ops: list[dict[str, Any]]) -> tuple[str, str]:
+        if self.name in self.aliases.absent:
+            return "absent", self.aliases.absent[self.name]
         sections = self.sections()
         for rule in STATUS_RULES:
             why = None

@@ -446,15 +446,14 @@ def setup_cache_timeout(n_items: int, sel: Selection) -> float:
     return 180.0 + per * n_items
 
 
-def asv_jsonl_dir() -> Path:
-    """Where the asv suite keeps each setup_cache's JSON lines: results/asv-jsonl/<host>/ next to the
-    asv results (ASV_CONF_DIR is the folder asv ran from), or DSKBENCH_ASV_JSONL_DIR."""
+def asv_jsonl_dir(checkout: Path) -> Path:
+    """Where the asv suite keeps each setup_cache's JSON lines: <root>/results/asv-jsonl/<host>/, next
+    to asv's results/asv. <root> is ASV_CONF_DIR (the folder asv ran from; asv sets it for managed
+    environments only), else `checkout`, the folder holding benchmarks/; DSKBENCH_ASV_JSONL_DIR wins."""
     if os.environ.get("DSKBENCH_ASV_JSONL_DIR"):
         return Path(os.environ["DSKBENCH_ASV_JSONL_DIR"])
-    from dskbench import paths
-
-    base = Path(os.environ["ASV_CONF_DIR"]) / "results" if os.environ.get("ASV_CONF_DIR") else paths.RESULTS_DIR
-    return base / "asv-jsonl" / _slug(socket.gethostname())
+    root = Path(os.environ.get("ASV_CONF_DIR") or checkout)
+    return root / "results" / "asv-jsonl" / _slug(socket.gethostname())
 
 
 def _stamp() -> str:

@@ -325,7 +325,7 @@ class _Walker:
     def heading(self, level: int) -> tuple[str, int] | None:
         return self.headings.get(level)
 
-    def heading_below(self, level: int) -> tuple[str, int] | None:
+    def enclosing_heading(self, level: int) -> tuple[str, int] | None:
         """The nearest enclosing heading of `level` or shallower (a table's "### sgl-kernel")."""
         for lv in range(level, 0, -1):
             if lv in self.headings:
@@ -352,6 +352,8 @@ class _Walker:
                 end = i + 1
                 while end < n and not self.lines[end].strip().startswith("```"):
                     end += 1
+                if end == n:
+                    raise TraceError(self.path, lno, "code fence (```) never closed")
                 self.code_block(i + 2, self.lines[i + 1 : end])
                 i = end + 1
                 continue
@@ -550,7 +552,7 @@ class _Walker:
             if r == "op_call_sites":
                 m = re.search(r"\(([^)]+)\)", h)
                 default_file = m.group(1).strip() if m else None
-        heading = self.heading_below(3)
+        heading = self.enclosing_heading(3)
         for k, row in enumerate(rows[2:], start=2):
             self.table_row(
                 dict(zip(roles, split_cells(row), strict=True)), start + k + 1, default_file, heading

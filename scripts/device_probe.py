@@ -15,14 +15,24 @@ def main(out: str) -> None:
 
     info: dict = {"torch": torch.__version__, "cuda": torch.version.cuda}
     p = torch.cuda.get_device_properties(0)
-    info.update(name=p.name, sm=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
-                l2=getattr(p, "L2_cache_size", None), mem_gib=round(p.total_memory / 2**30, 1))
+    info.update(
+        name=p.name,
+        sm=f"{p.major}.{p.minor}",
+        sms=p.multi_processor_count,
+        l2=getattr(p, "L2_cache_size", None),
+        mem_gib=round(p.total_memory / 2**30, 1),
+    )
     # 1. timing events recorded inside a captured graph (external=True)
     x = torch.randn(1 << 16, device="cuda")
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     try:
-        evs = [(torch.cuda.Event(enable_timing=True, external=True), torch.cuda.Event(enable_timing=True, external=True))
-               for _ in range(20)]
+        evs = [
+            (
+                torch.cuda.Event(enable_timing=True, external=True),
+                torch.cuda.Event(enable_timing=True, external=True),
+            )
+            for _ in range(20)
+        ]
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

@@ -29,7 +29,13 @@ DEFAULT_CASES = [
     ("moe_align_block_size", "experts", "decode", {"T": 64, "tp": 1}, "sgl_kernel"),
     ("moe_fused_gate", "topk", "decode", {"T": 64}, "flashinfer"),
     ("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa", "decode", {"T": 8}, "sglang_jit"),
-    ("sgl_per_token_group_quant_fp8", "per_token_group_quant_fp8:K7168", "prefill", {"T": 2048}, "sgl_kernel"),
+    (
+        "sgl_per_token_group_quant_fp8",
+        "per_token_group_quant_fp8:K7168",
+        "prefill",
+        {"T": 2048},
+        "sgl_kernel",
+    ),
     ("merge_state_v2", "attn_mha", "prefill", {"T": 4096, "tp": 1}, "sgl_kernel"),
     ("bmm_fp8", "forward_absorb_prepare:q_nope_w_kc", "decode", {"T": 64, "tp": 1}, "sgl_kernel"),
     ("fp8_scaled_mm", "q_b_proj", "prefill", {"T": 4096, "tp": 1}, "sgl_kernel"),
@@ -73,13 +79,17 @@ def profiler_spans(launch, flush, iters: int, cold: bool) -> list[float]:
     ranges = [
         (e["ts"], e["ts"] + e["dur"])
         for e in events
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("fid_iter_") and e.get("cat") == "user_annotation"
+        if e.get("ph") == "X"
+        and str(e.get("name", "")).startswith("fid_iter_")
+        and e.get("cat") == "user_annotation"
     ]
     launches = {}  # correlation -> cpu ts of the runtime launch call
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = e["ts"]
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    kernels = [
+        e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
     spans = []
     for lo, hi in sorted(ranges):
         mine = [k for k in kernels if lo <= launches.get(k.get("args", {}).get("correlation"), -1) <= hi]
@@ -116,7 +126,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     for kernel, op_spec, phase, point, backend in DEFAULT_CASES:
-        row: dict[str, Any] = {"kernel": kernel, "op": op_spec, "phase": phase, "point": point, "backend": backend}
+        row: dict[str, Any] = {
+            "kernel": kernel,
+            "op": op_spec,
+            "phase": phase,
+            "point": point,
+            "backend": backend,
+        }
         rows.append(row)
         try:
             case, why = find_case(shapes, registry, kernel, op_spec, phase, point, backend)
@@ -138,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             row["do_bench_cudagraph_us"] = 1000 * triton.testing.do_bench_cudagraph(
                 prep.launch, rep=100, return_mode="median"
             )
-            row["do_bench_eager_us"] = 1000 * triton.testing.do_bench(prep.launch, rep=100, return_mode="median")
+            row["do_bench_eager_us"] = 1000 * triton.testing.do_bench(
+                prep.launch, rep=100, return_mode="median"
+            )
             row["status"] = "ok"
         except Exception as e:  # noqa: BLE001 - one broken case must not end the comparison
             row["status"] = f"error: {type(e).__name__}: {e}"[:300]
@@ -179,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     ok = [r for r in rows if r.get("status") == "ok"]
     within = sum(bool(r.get(f"{m}_within_target")) for r in ok for m in ("cold", "hot"))
-    print(f"{len(ok)} cases measured; {within}/{2 * len(ok)} mode comparisons within target (3% >= 5 us, 0.3 us below)")
+    print(
+        f"{len(ok)} cases measured; {within}/{2 * len(ok)} mode comparisons within target (3% >= 5 us, 0.3 us below)"
+    )
     return 0
 
 

@@ -43,7 +43,7 @@ class FakeTimer:
         self.fail = fail
         self.samples = list(samples)
         self.prepared = self.closed = False
-        self.busy_calls = 0
+        self.batch_gpu_us = 0.0
 
     def prepare(self) -> None:
         if self.fail is not None:
@@ -52,6 +52,7 @@ class FakeTimer:
 
     def batch(self, busy) -> list[float]:
         busy()
+        self.batch_gpu_us = 1000.0 * len(self.samples)
         return list(self.samples)
 
     @property
@@ -75,7 +76,9 @@ def test_graph_chosen_when_capture_works() -> None:
 
 
 def test_fallback_to_eager_on_capture_failure_records_why() -> None:
-    graph = FakeTimer("cuda-graph", fail=CaptureFailed("RuntimeError: operation not permitted when stream is capturing"))
+    graph = FakeTimer(
+        "cuda-graph", fail=CaptureFailed("RuntimeError: operation not permitted when stream is capturing")
+    )
     timer, reason = select_timer(True, lambda: graph, lambda: FakeTimer("cuda-eager"))
     assert timer.method == "cuda-eager" and timer.prepared
     assert graph.closed
@@ -96,11 +99,16 @@ def test_other_errors_do_not_fall_back() -> None:
         select_timer(True, lambda: boom, lambda: FakeTimer("cuda-eager"))
 
 
-def test_drive_stops_and_calls_busy() -> None:
+def test_drive_stops_and_calls_busy_and_cools_down() -> None:
     t = FakeTimer("cuda-graph", samples=[2.0, 2.0, 2.0])
-    calls = []
-    st = drive(t, MeasureSettings(min_samples=9, min_time_s=0.0), busy=lambda: calls.append(1))
+    calls, naps = [], []
+    s = MeasureSettings(min_samples=9, min_time_s=0.0, cooldown=0.5)
+    st = drive(t, s, busy=lambda: calls.append(1), sleep=naps.append)
     assert st.converged and len(st.samples) == 9 and len(calls) == 3
+    assert naps == [pytest.approx(0.0015)] * 2  # half of each 3 ms batch, none after the last
+    naps.clear()
+    drive(FakeTimer("cuda-graph"), s.with_(cooldown=0.0, min_samples=3), sleep=naps.append)
+    assert naps == []
 
 
 def test_cpu_timer_measures_a_sleep() -> None:

@@ -83,7 +83,11 @@ def test_decode_reasons() -> None:
     assert nvml.decode_reasons(0) == []
     assert nvml.decode_reasons(0x1) == ["gpu_idle"]
     assert nvml.decode_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
-    assert nvml.decode_reasons(0x8 | 0x20 | 0x80) == ["hw_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"]
+    assert nvml.decode_reasons(0x8 | 0x20 | 0x80) == [
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    ]
     assert nvml.decode_reasons(0x1000) == ["unknown_0x1000"]
 
 

@@ -60,7 +60,9 @@ def exact_check(outs: tuple[Any, ...], refs: tuple[Any, ...], names: tuple[str, 
     for name, o, r in zip(names, outs, refs, strict=True):
         o_cpu, r_cpu = o.detach().cpu(), r.detach().cpu()
         if o_cpu.shape != r_cpu.shape:
-            return Check(False, float("inf"), 0.0, f"{name}: shape {tuple(o_cpu.shape)} != {tuple(r_cpu.shape)}")
+            return Check(
+                False, float("inf"), 0.0, f"{name}: shape {tuple(o_cpu.shape)} != {tuple(r_cpu.shape)}"
+            )
         bad = int((o_cpu.to(torch.int64) != r_cpu.to(torch.int64)).sum())
         frac = bad / max(1, o_cpu.numel())
         worst = max(worst, frac)

@@ -116,7 +116,9 @@ class _GatedActivation(Adapter):
 
     def traffic(self, case: Case) -> Traffic:
         t, d = int(case.dims["T"]), int(case.dims["D"])
-        return Traffic(bytes=nbytes(3 * t * d, DTYPE), flops=5 * t * d, note="read 2d, write d; FLOPs nominal")
+        return Traffic(
+            bytes=nbytes(3 * t * d, DTYPE), flops=5 * t * d, note="read 2d, write d; FLOPs nominal"
+        )
 
 
 @register

@@ -44,7 +44,9 @@ def _cpu_cos_sin_cache(max_position: int, rope_dim: int) -> torch.Tensor:
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).float()
 
 
-def cos_sin_cache(max_position: int, rope_dim: int, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def cos_sin_cache(
+    max_position: int, rope_dim: int, device: str, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     return _cpu_cos_sin_cache(max_position, rope_dim).to(dtype).to(device)
 
 

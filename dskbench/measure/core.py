@@ -27,6 +27,7 @@ class Timer(Protocol):
     method: str
     launches_per_sample: int
     notes: list[str]
+    batch_gpu_us: float  # device time the last batch took (for the cooldown)
 
     def prepare(self) -> None:
         """Calibrate and (for graphs) capture. May raise CaptureFailed."""
@@ -93,11 +94,13 @@ def drive(
     settings: MeasureSettings,
     busy: Callable[[], None] = lambda: None,
     now: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Stopper:
-    """Take batches until the stopping rule says so."""
+    """Take batches until the stopping rule says so, idling `cooldown` x each batch's device time."""
     stopper = make_stopper(settings, now)
     while not stopper.add(timer.batch(busy)):
-        pass
+        if settings.cooldown > 0 and timer.batch_gpu_us > 0:
+            sleep(settings.cooldown * timer.batch_gpu_us * 1e-6)
     return stopper
 
 

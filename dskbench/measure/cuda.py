@@ -39,7 +39,7 @@ CALIBRATION_LAUNCHES = 8  # launches in the first (calibration) graph, rounded t
 COLD_MIN_LAUNCHES = 16  # cold graphs: at least this many [flush, launch] pairs, to average flush noise
 MAX_REPLAYS_PER_BATCH = 64
 MAX_EAGER_COLD_BATCH = 32  # launches per eager batch: each is ~4 queue entries (flush, 2 events, kernel)
-MAX_EAGER_HOT_LAUNCHES = 256  # launches queued per eager hot batch
+MAX_EAGER_HOT_LAUNCHES = 128  # launches queued per eager hot batch (the driver queue is finite)
 MAX_SLEEP_US = 50_000.0
 NVML_PERIOD_S = 0.1  # read clocks at most this often while sampling
 
@@ -108,6 +108,7 @@ class _CudaTimer:
         self.rate = sleep_rate(index)
         self.lead_us = 100.0  # GPU sleep ahead of each batch
         self.launches_per_sample = 1
+        self.batch_gpu_us = 0.0
         self.flush_samples: list[float] = []
         self.notes: list[str] = []
         self._late_noted = False
@@ -238,6 +239,7 @@ class GraphTimer(_CudaTimer):
                 late = evs[0].query()  # the GPU was already past the sleep: replay 0 may include idle
         busy()
         evs[-1].synchronize()
+        self.batch_gpu_us = _us(evs[0], evs[-1])
         times = [_us(evs[i], evs[i + 1]) for i in range(len(evs) - 1)]
         start = 0
         if late:
@@ -330,6 +332,7 @@ class EagerTimer(_CudaTimer):
         late = gate.query()
         busy()
         evs[-1].synchronize()
+        self.batch_gpu_us = _us(gate, evs[-1])
         if late and self._late():
             return []
         out = [_us(evs[2 * i], evs[2 * i + 1]) for i in range(b)]
@@ -348,6 +351,7 @@ class EagerTimer(_CudaTimer):
         late = evs[0].query()
         busy()
         evs[-1].synchronize()
+        self.batch_gpu_us = _us(evs[0], evs[-1])
         if late and self._late():
             return []
         return [_us(evs[j], evs[j + 1]) / g for j in range(k)]

@@ -13,7 +13,7 @@ class MeasureSettings:
 
     target_noise: float = 0.01  # relative half-width of the median's 95% CI (see stats.py)
     min_samples: int = 20
-    max_samples: int = 100_000
+    max_samples: int = 10_000  # also bounds the samples_us list written to results
     min_time_s: float = 0.1
     max_time_s: float = 1.5
     replay_target_us: float = 200.0  # one graph replay (or one eager hot sample) lasts at least this
@@ -21,6 +21,10 @@ class MeasureSettings:
     flush_bytes: int | None = None  # cold-mode flush buffer; None = 2 x the device's L2
     max_graph_launches: int = 1000  # cap on launches captured in one graph (capture time, memory)
     batch_target_ms: float = 20.0  # GPU time queued between two host synchronisations
+    # Idle after each batch, as a fraction of the batch's GPU time: keeps average power under what
+    # back-to-back replays of a large GEMM draw for seconds, so the power cap does not hold the clocks
+    # down for the whole case (FlashInfer's sleep_after_run does the same). 0 disables.
+    cooldown: float = 0.25
 
     @classmethod
     def quick(cls, **overrides: Any) -> MeasureSettings:

@@ -187,7 +187,8 @@ def history(machine: Machine, kernel: str) -> History | None:
     keys = sorted({k for d in per_commit.values() for k in d}, key=lambda k: (natural_key(k[0]), k[1]))
     for key in keys:
         stats = [per_commit[c].get(key) for c, _, _ in commits]
-        if sum(1 for s in stats if s is not None and s.status == "ok") >= 2:
+        present = [s for s in stats if s is not None and s.status != "skipped"]
+        if len(present) >= 2 and any(s.status == "ok" for s in present):
             h.values[key] = stats
     return h if h.values else None
 
@@ -195,7 +196,14 @@ def history(machine: Machine, kernel: str) -> History | None:
 # -- metrics -------------------------------------------------------------------------------------------
 
 _BW_NAMES = ("pct_bw", "pct_bw_measured", "pct_measured_bw", "pct_peak_bw", "pct_bandwidth", "pct_dram")
-_FLOP_NAMES = ("pct_flops", "pct_compute", "pct_tflops", "pct_flops_measured", "pct_peak_flops", "pct_peak_tflops")
+_FLOP_NAMES = (
+    "pct_flops",
+    "pct_compute",
+    "pct_tflops",
+    "pct_flops_measured",
+    "pct_peak_flops",
+    "pct_peak_tflops",
+)
 
 
 def pct_of_peak(metrics: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
@@ -212,7 +220,9 @@ def _pick(metrics: Mapping[str, Any], names: tuple[str, ...], words: tuple[str, 
         v = metrics.get(n)
         if _num(v):
             return float(v)
-    cands = [k for k in metrics if k.startswith("pct") and any(w in k.lower() for w in words) and _num(metrics[k])]
+    cands = [
+        k for k in metrics if k.startswith("pct") and any(w in k.lower() for w in words) and _num(metrics[k])
+    ]
     cands.sort(key=lambda k: ("datasheet" in k or "spec" in k, k))
     return float(metrics[cands[0]]) if cands else None
 

@@ -81,11 +81,9 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     start = math.floor(lo / step) * step
-    ticks = []
-    v = start
-    while v <= hi + step * 0.5:
-        ticks.append(round(v, 12))
-        v += step
+    ticks = [round(start, 12)]
+    while ticks[-1] < hi - step * 1e-9:  # the last tick covers hi: nothing is drawn off the axis
+        ticks.append(round(ticks[-1] + step, 12))
     return ticks
 
 
@@ -95,7 +93,12 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     mults = (1,) if k1 - k0 > 3 else ((1, 2, 5) if k1 - k0 > 1 else (1, 2, 3, 5))
     out = [m * 10.0**k for k in range(k0, k1 + 1) for m in mults]
     inside = [t for t in out if lo * 0.999 <= t <= hi * 1.001]
-    return inside or [lo, hi]
+    if not inside:
+        return [lo, hi]
+    if inside[0] > lo * 3:  # no label near the bottom: extend down to the next 1-2-5 value
+        below = [m * 10.0**k for k in range(k0 - 1, k0 + 1) for m in (1, 2, 5) if m * 10.0**k <= lo]
+        inside.insert(0, max(below))
+    return inside
 
 
 def x_ticks_from_data(xs: list[float], max_ticks: int = 9) -> list[float]:
@@ -133,8 +136,9 @@ def line_chart(
     height: int = 290,
     y_zero: bool = True,
     ref_line: float | None = None,
+    y_include: tuple[float, ...] = (),
 ) -> str:
-    """An SVG line chart. With y.log None-like behaviour left to the caller: pass Axis(log=True) for log-y."""
+    """An SVG line chart; `ref_line` draws a dashed level (a peak, 1.0), `y_include` widens the y range."""
     ml, mr, mt, mb = 56, 14, 26, 38
     pw, ph = width - ml - mr, height - mt - mb
     pts = [p for s in series for p in s.points if _finite(p.y) and (not y.log or p.y > 0)]
@@ -150,6 +154,7 @@ def line_chart(
     ys = [v for p in pts for v in (p.y, p.lo, p.hi) if v is not None and _finite(v) and (not y.log or v > 0)]
     if ref_line is not None:
         ys.append(ref_line)
+    ys.extend(v for v in y_include if not y.log or v > 0)
     if x.labels is not None:
         x_lo, x_hi = -0.5, len(x.labels) - 0.5
     else:
@@ -202,10 +207,10 @@ def _series(s: Series, sx: _Scale, sy: _Scale, log_y: bool) -> str:
     if not ok:
         return ""
     op = f' opacity="{s.opacity}"' if s.opacity < 1 else ""
-    out = [f'<g class="s" data-name="{escape(s.name)}"{op}>']
+    out = [f'<g class="s" color="{s.color}"{op}>']  # children paint with currentColor: smaller markup
     d = "".join(f"{'M' if i == 0 else 'L'}{sx(p.x):.1f} {sy(p.y):.1f}" for i, p in enumerate(ok))
     out.append(
-        f'<path class="series" d="{d}" stroke="{s.color}" stroke-width="{s.width}"><title>{escape(s.name)}</title></path>'
+        f'<path class="series" d="{d}" stroke-width="{s.width}"><title>{escape(s.name)}</title></path>'
     )
     bars = [
         f"M{sx(p.x):.1f} {sy(p.lo):.1f}V{sy(p.hi):.1f}"
@@ -213,13 +218,17 @@ def _series(s: Series, sx: _Scale, sy: _Scale, log_y: bool) -> str:
         if _finite(p.lo) and _finite(p.hi) and (not log_y or (p.lo > 0 and p.hi > 0))  # type: ignore[operator]
     ]
     if bars:
-        out.append(f'<path class="err" d="{"".join(bars)}" stroke="{s.color}"/>')
+        out.append(f'<path class="err" d="{"".join(bars)}"/>')
     if s.markers:
         for p in ok:
             cx, cy = sx(p.x), sy(p.y)
-            fill = "#fff" if p.hollow else s.color
-            tip = f"<title>{escape(p.tip)}</title>" if p.tip else ""
-            out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{fill}" stroke="{s.color}">{tip}</circle>')
+            cls = ' class="h"' if p.hollow else ""
+            if p.tip:
+                out.append(
+                    f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3"{cls}><title>{escape(p.tip)}</title></circle>'
+                )
+            else:
+                out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3"{cls}/>')
             if p.ring:
                 out.append(f'<circle class="thr" cx="{cx:.1f}" cy="{cy:.1f}" r="6.5"/>')
     out.append("</g>")
@@ -236,7 +245,9 @@ svg.chart .yt{text-anchor:end;fill:#555}
 svg.chart .xt{text-anchor:middle;fill:#555}
 svg.chart .xl,svg.chart .yl{text-anchor:middle;fill:#333}
 svg.chart .empty{text-anchor:middle;fill:#999}
-svg.chart .series{fill:none;stroke-linejoin:round;stroke-linecap:round}
-svg.chart .err{stroke-width:1.2;opacity:.55;fill:none}
+svg.chart .series{fill:none;stroke:currentColor;stroke-linejoin:round;stroke-linecap:round}
+svg.chart .err{stroke:currentColor;stroke-width:1.2;opacity:.55;fill:none}
+svg.chart .s circle{fill:currentColor;stroke:currentColor}
+svg.chart .s circle.h{fill:#fff}
 svg.chart .thr{fill:none;stroke:#D62728;stroke-width:1.6}
 """

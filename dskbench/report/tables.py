@@ -155,7 +155,9 @@ def summary(machine: Machine, categories: Mapping[str, str] | None) -> list[Summ
 def _summary_row(cat: str, recs: list[dict[str, Any]]) -> SummaryRow:
     cases = {r.get("case_id") for r in recs if not is_plan_skip(r)}
     backends = {r["backend"]["name"] for r in recs if not is_plan_skip(r)}
-    return SummaryRow(cat, len({r["kernel"] for r in recs}), len(cases), dict(status_counts(recs)), len(backends))
+    return SummaryRow(
+        cat, len({r["kernel"] for r in recs}), len(cases), dict(status_counts(recs)), len(backends)
+    )
 
 
 def environment_facts(env: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -169,7 +171,10 @@ def environment_facts(env: Mapping[str, Any]) -> list[tuple[str, str]]:
             gpu += f" ×{dev['count']}"
         out.append(("GPU", gpu))
         mem = dev.get("memory_gib") or dev.get("memory_total_gb")
-        extra = [f"{mem} GiB" if mem else "", f"{dev['multiprocessors']} SMs" if dev.get("multiprocessors") else ""]
+        extra = [
+            f"{mem} GiB" if mem else "",
+            f"{dev['multiprocessors']} SMs" if dev.get("multiprocessors") else "",
+        ]
         if any(extra):
             out.append(("memory / SMs", " · ".join(e for e in extra if e)))
         drv = dev.get("driver_version")

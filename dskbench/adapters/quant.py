@@ -1,0 +1,340 @@
+"""Activation quantisation: `sgl_per_token_quant_fp8` (catalogue 8.1) and the per-token-group kernels
+`sgl_per_token_group_quant_fp8` / `_8bit` / `_int8` (8.2-8.4; one kernel behind three names).
+
+None of these runs for DeepSeek-R1-NVFP4 by default (its linears are BF16 or NVFP4/Marlin); they run for
+FP8 / INT8 checkpoints of DeepSeek (and for NVFP4 with SGLANG_NVFP4_CKPT_FP8_GEMM_IN_ATTN). What SGLang
+0.5.16 calls on sm90 in those cases:
+* per-token FP8 (`fp8_utils.apply_fp8_linear`, dynamic per-token scales): `sglang_per_token_quant_fp8`
+  -> the sgl-kernel AOT op `sgl_per_token_quant_fp8` (backend "sgl_kernel", labelled).
+* block-FP8 linears, DeepGEMM on Hopper (`deepgemm_w8a8_block_fp8_linear_with_fallback`):
+  `sglang_per_token_group_quant_fp8(x, 128, column_major_scales=True, scale_tma_aligned=True,
+  scale_ue8m0=False)` -> JIT `sglang.jit_kernel.per_token_group_quant_8bit_v2` (backend "sglang_jit",
+  labelled). UE8M0 scales are Blackwell-only in SGLang (DEEPGEMM_SCALE_UE8M0 = DEEPGEMM_BLACKWELL), so
+  they are not measured. This is the `sgl_per_token_group_quant_fp8` adapter: e4m3, fp32 scales
+  column-major with M padded to 4 (TMA-aligned).
+* the same call with row-major scales (cutlass / flashinfer-cutlass groupwise paths, Triton fallback):
+  the `sgl_per_token_group_quant_8bit` adapter (e4m3, row-major fp32 scales) — 0.5.16 calls the sgl-kernel
+  name `sgl_per_token_group_quant_8bit` for FP8 too.
+* block-INT8 linears (`int8_utils.apply_w8a8_block_int8_linear`): the Triton
+  `sglang.kernels.ops.quantization.int8_kernel.per_token_group_quant_int8` (backend "sglang_triton",
+  labelled): the `sgl_per_token_group_quant_int8` adapter (int8, row-major scales).
+Every group kernel is also measured as the sgl-kernel AOT v2 op (what the `sgl_kernel` wrapper picks for
+group 128), the AOT v1 op, the JIT v1 kernel (opt-in SGLANG_OPT_USE_JIT_PER_TOKEN_GROUP_QUANT) and the
+Triton kernel. No flashinfer implementation exists.
+
+Rounding, read from the kernels: scale = max(amax, eps) / qmax; q = x * (qmax / amax) clamped, then cast —
+round-to-nearest-even with saturation for e4m3, truncation toward zero for int8 (a C++/Triton
+float->int8 cast). The check compares scales to that formula and codes to the emulated cast, allowing a
+one-step difference on a few elements (scale reciprocal computed by multiply vs divide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import torch
+
+from dskbench.adapters import register
+from dskbench.adapters._smallops import FP8, FP8_MAX, SGLANG_SM90, generator, nbytes
+from dskbench.adapters.base import Adapter, Check, Traffic, rel_error
+from dskbench.backends import Backend
+from dskbench.shapes import Case
+
+DTYPE = torch.bfloat16
+EPS = 1e-10  # SGLang's default eps for the group quantisers
+GROUP = 128  # DeepSeek's block size
+INT8_MIN, INT8_MAX = -128.0, 127.0
+MAX_MISMATCH = 1e-3  # fraction of codes allowed one step off the emulated cast
+
+
+def _dims(case: Case) -> tuple[int, int]:
+    return int(case.dims["T"]), int(case.dims["K"])
+
+
+def _activations(m: int, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """Activations with a few outlier channels, so group scales differ (LLM activations do)."""
+    x = torch.randn((m, k), generator=gen)
+    outliers = torch.rand(k, generator=gen) < 0.01
+    x[:, outliers] *= 20.0
+    return x.to(DTYPE).to(device)
+
+
+def quantize_ref(
+    x: torch.Tensor, group: int, out_dtype: torch.dtype, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scales [M, K/group] fp32) with the kernels' formula and rounding."""
+    m, k = x.shape
+    xg = x.float().view(m, k // group, group)
+    amax = xg.abs().amax(-1).clamp_min(eps)
+    qmax = FP8_MAX if out_dtype == FP8 else INT8_MAX
+    qmin = -FP8_MAX if out_dtype == FP8 else INT8_MIN
+    scales = amax / qmax
+    y = (xg * (qmax / amax)[..., None]).clamp(qmin, qmax)
+    q = y.to(FP8) if out_dtype == FP8 else y.trunc().to(torch.int8)
+    return q.view(m, k), scales
+
+
+def _fp8_step(v: torch.Tensor) -> torch.Tensor:
+    """Spacing of e4m3 codes at |v| (3 mantissa bits; subnormal spacing 2^-9)."""
+    e = torch.floor(torch.log2(v.abs().clamp_min(2.0**-6)))
+    return torch.exp2(e - 3)
+
+
+def check_quant(out: Any, ref: Any, case: Case) -> Check:
+    q, s = out[0], out[1]
+    q_ref, s_ref = ref[0], ref[1]
+    if tuple(q.shape) != tuple(q_ref.shape) or tuple(s.shape) != tuple(s_ref.shape):
+        return Check(False, float("inf"), 0.0, f"shapes q{tuple(q.shape)} s{tuple(s.shape)}")
+    if q.dtype != q_ref.dtype:
+        return Check(False, float("inf"), 0.0, f"q dtype {q.dtype}, expected {q_ref.dtype}")
+    s64, sr64 = s.detach().double().cpu(), s_ref.detach().double().cpu()
+    scale_err = float(((s64 - sr64).abs() / sr64).max())
+    qf, qr = q.detach().float().cpu(), q_ref.detach().float().cpu()
+    diff = (qf - qr).abs()
+    step = _fp8_step(torch.maximum(qf.abs(), qr.abs())) if q.dtype == FP8 else torch.ones_like(qr)
+    mismatch = float((diff > 0).float().mean())
+    beyond_one_step = int((diff > step * 1.001).sum())
+    group = qf.shape[1] // sr64.shape[1]
+    deq = qf * s64.float().repeat_interleave(group, dim=1)
+    deq_ref = qr * sr64.float().repeat_interleave(group, dim=1)
+    err = rel_error(deq, deq_ref)
+    ok = scale_err <= 1e-5 and mismatch <= MAX_MISMATCH and beyond_one_step == 0 and err <= 5e-3
+    detail = f"scales:{scale_err:.1e} codes off:{mismatch:.1e} (>1 step: {beyond_one_step}) dequant:{err:.1e}"
+    return Check(ok, err, 5e-3, detail)
+
+
+# -- binders -----------------------------------------------------------------------------------------
+
+
+def _scales_buffer(m: int, k: int, group: int, layout: str, device: Any) -> torch.Tensor:
+    """fp32 [M, K/group]; 'col_tma' = column-major with M padded to 4, as DeepGEMM on Hopper wants."""
+    if layout == "col_tma":
+        return torch.empty((k // group, (m + 3) // 4 * 4), dtype=torch.float32, device=device).t()[:m]
+    return torch.empty((m, k // group), dtype=torch.float32, device=device)
+
+
+def _outputs(inputs: dict[str, Any], spec: type[_GroupQuant]) -> tuple[torch.Tensor, torch.Tensor]:
+    x = inputs["x"]
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=spec.out_dtype, device=x.device)
+    return q, _scales_buffer(m, k, GROUP, spec.scale_layout, x.device)
+
+
+def _limits(spec: type[_GroupQuant]) -> tuple[float, float]:
+    return (-FP8_MAX, FP8_MAX) if spec.out_dtype == FP8 else (INT8_MIN, INT8_MAX)
+
+
+def _group_binder(extra_args: tuple[Any, ...]) -> Callable[[Any, dict[str, Any], Case], Callable[[], Any]]:
+    """(input, q, s, group, eps, min, max, *extra_args): the AOT v1/v2 and JIT v1/v2 signatures."""
+
+    def bind(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+        spec = _SPECS[case.kernel]
+        x = inputs["x"]
+        q, s = _outputs(inputs, spec)
+        lo, hi = _limits(spec)
+
+        def launch() -> tuple[torch.Tensor, torch.Tensor]:
+            fn(x, q, s, GROUP, EPS, lo, hi, *extra_args)
+            return q, s
+
+        return launch
+
+    return bind
+
+
+_bind_v2 = _group_binder((False, False, None))  # scale_ue8m0, fuse_silu_and_mul, masked_m
+_bind_v1 = _group_binder((False,))  # scale_ue8m0
+
+
+def _bind_triton_fp8(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    # _per_token_group_quant_8bit_raw(x, group_size, eps, dtype, column_major_scales, scale_tma_aligned)
+    col = _SPECS[case.kernel].scale_layout == "col_tma"
+    x = inputs["x"]
+    return lambda: fn(x, GROUP, EPS, FP8, col, col)
+
+
+def _bind_triton_int8(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    # per_token_group_quant_int8(x, group_size, eps, dtype) -> (q, s)
+    x = inputs["x"]
+    return lambda: fn(x, GROUP, EPS, torch.int8)
+
+
+def _group_backends(triton: Backend, sglang_default: str) -> list[Backend]:
+    """The five implementations of the group quantiser; `sglang_default` names the one SGLang calls."""
+    backends = [
+        Backend(
+            "sgl_kernel",
+            "torch.ops.sgl_kernel.sgl_per_token_group_quant_8bit_v2.default",
+            None,
+            "aot",
+            _bind_v2,
+            preload=("sgl_kernel",),
+            note="v2 op: what the sgl_kernel wrapper picks for group 128",
+        ),
+        Backend(
+            "sgl_kernel.v1",
+            "torch.ops.sgl_kernel.sgl_per_token_group_quant_8bit.default",
+            None,
+            "aot",
+            _bind_v1,
+            preload=("sgl_kernel",),
+        ),
+        Backend(
+            "sglang_jit",
+            "sglang.jit_kernel.per_token_group_quant_8bit_v2:per_token_group_quant_8bit_v2",
+            None,
+            "jit",
+            _bind_v2,
+        ),
+        Backend(
+            "sglang_jit.v1",
+            "sglang.jit_kernel.per_token_group_quant_8bit:per_token_group_quant_8bit",
+            None,
+            "jit",
+            _bind_v1,
+            note="opt-in in SGLang (SGLANG_OPT_USE_JIT_PER_TOKEN_GROUP_QUANT)",
+        ),
+        triton,
+    ]
+    return [replace(b, label=SGLANG_SM90) if b.name == sglang_default else b for b in backends]
+
+
+_TRITON_FP8 = Backend(
+    "sglang_triton",
+    "sglang.kernels.ops.quantization.fp8_kernel:_per_token_group_quant_8bit_raw",
+    None,
+    "triton",
+    _bind_triton_fp8,
+    note="allocates its outputs per call (SGLang's non-CUDA path)",
+)
+_TRITON_INT8 = Backend(
+    "sglang_triton",
+    "sglang.kernels.ops.quantization.int8_kernel:per_token_group_quant_int8",
+    None,
+    "triton",
+    _bind_triton_int8,
+    note="allocates its outputs per call",
+)
+
+
+class _GroupQuant(Adapter):
+    """One 1x128-group quantiser. Subclasses fix the output dtype and the scale layout."""
+
+    role = "quant"
+    out_dtype: ClassVar[torch.dtype] = FP8
+    scale_layout: ClassVar[str] = "row"
+
+    def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
+        m, k = _dims(case)
+        return {"x": _activations(m, k, generator(seed), device)}
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_ref(inputs["x"], GROUP, self.out_dtype)
+
+    def check(self, out: Any, ref: Any, case: Case) -> Check:
+        return check_quant(out, ref, case)
+
+    def skip_reason(self, case: Case) -> str | None:
+        k = _dims(case)[1]
+        return None if k % GROUP == 0 else f"K={k} is not a multiple of the group size {GROUP}"
+
+    def traffic(self, case: Case) -> Traffic:
+        m, k = _dims(case)
+        return Traffic(
+            bytes=nbytes(m * k, DTYPE)
+            + nbytes(m * k, self.out_dtype)
+            + nbytes(m * k // GROUP, torch.float32),
+            flops=3 * m * k,
+            note="read bf16, write 8-bit codes + one fp32 scale per 128",
+        )
+
+
+@register
+class PerTokenGroupQuantFp8Adapter(_GroupQuant):
+    kernel = "sgl_per_token_group_quant_fp8"
+    ops = ("per_token_group_quant_fp8",)
+    description = "1x128 FP8 quant, column-major TMA-aligned fp32 scales (DeepGEMM on Hopper)"
+    out_dtype = FP8
+    scale_layout = "col_tma"
+    backends = _group_backends(_TRITON_FP8, sglang_default="sglang_jit")
+
+
+@register
+class PerTokenGroupQuant8bitAdapter(_GroupQuant):
+    kernel = "sgl_per_token_group_quant_8bit"
+    ops = ("per_token_group_quant_8bit",)
+    description = "1x128 FP8 quant, row-major fp32 scales (cutlass / Triton block-FP8 paths)"
+    out_dtype = FP8
+    scale_layout = "row"
+    backends = _group_backends(_TRITON_FP8, sglang_default="sglang_jit")
+
+
+@register
+class PerTokenGroupQuantInt8Adapter(_GroupQuant):
+    kernel = "sgl_per_token_group_quant_int8"
+    ops = ("per_token_group_quant_int8",)
+    description = "1x128 INT8 quant, row-major fp32 scales (block-INT8 linears)"
+    out_dtype = torch.int8
+    scale_layout = "row"
+    backends = _group_backends(_TRITON_INT8, sglang_default="sglang_triton")
+
+
+_SPECS: dict[str, type[_GroupQuant]] = {
+    c.kernel: c
+    for c in (PerTokenGroupQuantFp8Adapter, PerTokenGroupQuant8bitAdapter, PerTokenGroupQuantInt8Adapter)
+}
+
+
+# -- per-token FP8 -----------------------------------------------------------------------------------
+
+
+def _bind_per_token(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    x = inputs["x"]
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    s = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+
+    def launch() -> tuple[torch.Tensor, torch.Tensor]:
+        fn(x, q, s)
+        return q, s
+
+    return launch
+
+
+@register
+class PerTokenQuantFp8Adapter(Adapter):
+    kernel = "sgl_per_token_quant_fp8"
+    role = "quant"
+    ops = ("per_token_quant_fp8",)
+    description = "per-token (row) FP8 quant with one fp32 scale per row"
+    backends = [
+        Backend(
+            "sgl_kernel",
+            "torch.ops.sgl_kernel.sgl_per_token_quant_fp8.default",
+            None,
+            "aot",
+            _bind_per_token,
+            preload=("sgl_kernel",),
+            label=SGLANG_SM90,
+        ),
+    ]
+
+    def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
+        m, k = _dims(case)
+        return {"x": _activations(m, k, generator(seed), device)}
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+        x = inputs["x"]
+        return quantize_ref(x, x.shape[1], FP8)
+
+    def check(self, out: Any, ref: Any, case: Case) -> Check:
+        return check_quant(out, ref, case)
+
+    def traffic(self, case: Case) -> Traffic:
+        m, k = _dims(case)
+        return Traffic(
+            bytes=nbytes(m * k, DTYPE) + nbytes(m * k, FP8) + nbytes(m, torch.float32),
+            flops=3 * m * k,
+            note="read bf16, write e4m3 + one fp32 scale per row",
+        )

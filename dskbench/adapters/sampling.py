@@ -1,0 +1,303 @@
+"""Sampling adapters (catalogue 10.x): `min_p_sampling_from_probs`, `top_k_renorm_prob`,
+`top_p_renorm_prob`, `top_k_top_p_sampling_from_probs`, on probs [B, 129280] fp32.
+
+What SGLang 0.5.16 runs on sm90 (`srt/layers/sampler.py`, sampling_backend "flashinfer", once per step):
+* without min_p: `flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, top_ks, top_ps,
+  filter_apply_order="joint")` (backend "flashinfer", labelled);
+* with min_p: `sgl_kernel.top_k_renorm_prob` -> `sgl_kernel.top_p_renorm_prob` ->
+  `flashinfer.sampling.min_p_sampling_from_probs`. The two sgl_kernel wrappers forward to
+  `flashinfer.sampling.top_{k,p}_renorm_probs` (backends "sgl_kernel.wrapper", labelled); the AOT ops
+  `torch.ops.sgl_kernel.top_{k,p}_renorm_probs.default` are measured as "sgl_kernel".
+min_p and top-k/top-p sampling have no CUDA sgl-kernel export in 0.4.5 (MUSA only): flashinfer only.
+
+Inputs: softmax(logits / 0.6) (DeepSeek-R1's recommended temperature) of random logits with a boosted
+head of candidates whose strength varies per row, so some rows are peaked and some flat; per-row
+parameters cycle through SGLang-typical values (top_k 20..100, top_p 0.8..0.95, min_p 0.02..0.1), passed
+as per-request tensors as the sampler does.
+
+Checks: renorm outputs must keep every token surely inside the filter, nothing surely outside it, and
+equal the input renormalised over the kept set (fp32 tolerance). Boundary tokens whose cumulative mass is
+within 1e-4 of top_p (or ties with the k-th value) may go either way. Samplers: each sampled id must
+carry mass after the reference filter (per row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dskbench.adapters import register
+from dskbench.adapters._smallops import SGLANG_SM90, generator
+from dskbench.adapters.base import TOLERANCES, Adapter, Check, Traffic, rel_error
+from dskbench.backends import Backend
+from dskbench.shapes import Case
+
+TEMPERATURE = 0.6
+TOP_KS = (20, 40, 50, 100)
+TOP_PS = (0.8, 0.9, 0.95)
+MIN_PS = (0.02, 0.05, 0.1)
+BAND = 1e-4  # cumulative-mass band around top_p in which a token may be kept or dropped
+
+
+@dataclass(frozen=True)
+class FilterRef:
+    """A filtering kernel's oracle: the nominal result and the sets any correct kernel must respect."""
+
+    value: torch.Tensor  # renormalised probs [B, V] or sampled ids [B]
+    may: torch.Tensor  # bool [B, V]: tokens a correct kernel may keep / sample
+    must: torch.Tensor | None = None  # bool [B, V]: tokens it must keep (renorm only)
+    base: torch.Tensor | None = None  # input probs on `may`, to renormalise over the kernel's own set
+
+
+def make_probs(b: int, v: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    logits = torch.randn((b, v), generator=gen)
+    head = 64
+    idx = torch.randint(0, v, (b, head), generator=gen)
+    strength = 6.0 + 5.0 * torch.rand((b, 1), generator=gen)
+    logits.scatter_add_(1, idx, torch.rand((b, head), generator=gen) * strength)
+    return torch.softmax(logits / TEMPERATURE, dim=-1).to(device)
+
+
+def _cycle(values: tuple[Any, ...], b: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return torch.tensor([values[i % len(values)] for i in range(b)], dtype=dtype).to(device)
+
+
+# -- filter sets (fp64 on the input's device) ----------------------------------------------------------
+
+
+def _sorted(p: torch.Tensor) -> torch.Tensor:
+    return p.double().sort(dim=-1, descending=True).values
+
+
+def top_k_sets(p: torch.Tensor, top_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(nominal, must, may) for keeping the k largest probabilities of each row."""
+    s = _sorted(p)
+    kth = s.gather(1, (top_k.long() - 1).clamp(0, p.shape[1] - 1)[:, None])
+    pd = p.double()
+    return pd >= kth, pd > kth, pd >= kth
+
+
+def top_p_sets(p: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(nominal, must, may): the smallest head whose mass reaches top_p (flashinfer's threshold rule)."""
+    s = _sorted(p)
+    before = s.cumsum(-1) - s
+    tp = top_p.double()[:, None]
+
+    def keep_at_least(limit: torch.Tensor) -> torch.Tensor:
+        # tokens whose prob is >= the last sorted value with cumulative mass before it < limit
+        last = (before < limit).sum(-1, keepdim=True).clamp(1, p.shape[1]) - 1
+        return p.double() >= s.gather(1, last)
+
+    nominal = keep_at_least(tp)
+    # surely kept: strictly above the first sorted value whose cumulative mass before it >= top_p - BAND
+    first_out = (before < tp - BAND).sum(-1, keepdim=True).clamp(1, p.shape[1] - 1)
+    must = p.double() > s.gather(1, first_out)
+    return nominal, must, keep_at_least(tp + BAND)
+
+
+def min_p_sets(p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """may: tokens with p >= min_p * max(p) (slack of 1e-5 relative on the threshold)."""
+    thr = min_p.double()[:, None] * p.double().amax(-1, keepdim=True)
+    return p.double() >= thr * (1 - 1e-5)
+
+
+def _renorm(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    kept = p.double() * keep
+    return (kept / kept.sum(-1, keepdim=True)).float()
+
+
+def _sample(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return torch.multinomial(_renorm(p, keep), 1).squeeze(1).to(torch.int32)
+
+
+# -- checks --------------------------------------------------------------------------------------------
+
+
+def check_renorm(out: Any, ref: FilterRef) -> Check:
+    probs = out.value if isinstance(out, FilterRef) else out
+    if tuple(probs.shape) != tuple(ref.may.shape):
+        return Check(False, float("inf"), 0.0, f"shape {tuple(probs.shape)}")
+    kept = probs > 0
+    assert ref.must is not None and ref.base is not None
+    dropped = int((ref.must & ~kept).any(-1).sum())
+    extra = int((kept & ~ref.may).any(-1).sum())
+    expected = _renorm(ref.base, kept)
+    err = rel_error(probs, expected)
+    tol = TOLERANCES["float32"]
+    ok = dropped == 0 and extra == 0 and err <= tol
+    return Check(ok, err, tol, f"rows dropping kept tokens:{dropped} rows keeping filtered tokens:{extra}")
+
+
+def check_samples(out: Any, ref: FilterRef) -> Check:
+    ids = out.value if isinstance(out, FilterRef) else out
+    b, v = ref.may.shape
+    if tuple(ids.shape) != (b,):
+        return Check(False, float("inf"), 0.0, f"ids shape {tuple(ids.shape)}, expected ({b},)")
+    ids = ids.long()
+    in_range = (ids >= 0) & (ids < v)
+    allowed = ref.may.gather(1, ids.clamp(0, v - 1)[:, None]).squeeze(1) & in_range
+    bad = int((~allowed).sum())
+    return Check(bad == 0, bad / b, 0.0, f"rows sampling a filtered-out token:{bad}/{b}")
+
+
+# -- adapters ------------------------------------------------------------------------------------------
+
+
+class _SamplingAdapter(Adapter):
+    role = "sampling"
+    ops = ("sampler.forward",)
+
+    def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
+        b, v = int(case.dims["B"]), int(case.dims["V"])
+        return {
+            "probs": make_probs(b, v, generator(seed), device),
+            "top_k": _cycle(TOP_KS, b, torch.int32, device),
+            "top_p": _cycle(TOP_PS, b, torch.float32, device),
+            "min_p": _cycle(MIN_PS, b, torch.float32, device),
+            "seed": int(seed),
+        }
+
+    def traffic(self, case: Case) -> Traffic:
+        b, v = int(case.dims["B"]), int(case.dims["V"])
+        return Traffic(bytes=4 * b * v + 12 * b, note="one fp32 read of probs (kernels make several passes)")
+
+
+class _RenormAdapter(_SamplingAdapter):
+    def check(self, out: Any, ref: Any, case: Case) -> Check:
+        return check_renorm(out, ref)
+
+    def traffic(self, case: Case) -> Traffic:
+        b, v = int(case.dims["B"]), int(case.dims["V"])
+        return Traffic(bytes=8 * b * v + 4 * b, note="read probs once, write renormalised probs once")
+
+
+def _bind_renorm_aot(fn: Any, inputs: dict[str, Any], case: Case, key: str) -> Callable[[], Any]:
+    # AOT op (probs, renorm_probs, maybe_arr, scalar): per-request tensor, scalar unused.
+    probs, arr = inputs["probs"], inputs[key]
+    out = torch.empty_like(probs)
+    unused = 0 if key == "top_k" else 0.0
+
+    def launch() -> torch.Tensor:
+        fn(probs, out, arr, unused)
+        return out
+
+    return launch
+
+
+def _bind_renorm_call(fn: Any, inputs: dict[str, Any], case: Case, key: str) -> Callable[[], Any]:
+    probs, arr = inputs["probs"], inputs[key]
+    return lambda: fn(probs, arr)
+
+
+def _renorm_backends(op: str, key: str) -> list[Backend]:
+    def aot(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+        return _bind_renorm_aot(fn, inputs, case, key)
+
+    def call(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+        return _bind_renorm_call(fn, inputs, case, key)
+
+    return [
+        Backend(
+            "sgl_kernel", f"torch.ops.sgl_kernel.{op}.default", None, "aot", aot, preload=("sgl_kernel",)
+        ),
+        Backend(
+            "sgl_kernel.wrapper",
+            f"sgl_kernel.sampling:{op}",
+            None,
+            "jit",
+            call,
+            dispatches_to=f"flashinfer.sampling.{op}",
+            label=SGLANG_SM90,
+        ),
+        Backend("flashinfer", f"flashinfer.sampling:{op}", None, "jit", call),
+    ]
+
+
+@register
+class TopKRenormAdapter(_RenormAdapter):
+    kernel = "top_k_renorm_prob"
+    description = "keep the top-k probabilities per row and renormalise"
+    backends = _renorm_backends("top_k_renorm_probs", "top_k")
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
+        p = inputs["probs"]
+        nominal, must, may = top_k_sets(p, inputs["top_k"])
+        return FilterRef(_renorm(p, nominal), may, must, (p.double() * may).float())
+
+
+@register
+class TopPRenormAdapter(_RenormAdapter):
+    kernel = "top_p_renorm_prob"
+    description = "keep the smallest head of mass >= top_p per row and renormalise"
+    backends = _renorm_backends("top_p_renorm_probs", "top_p")
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
+        p = inputs["probs"]
+        nominal, must, may = top_p_sets(p, inputs["top_p"])
+        return FilterRef(_renorm(p, nominal), may, must, (p.double() * may).float())
+
+
+def _bind_min_p(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    # Explicit seed/offset: no host-side generator state access, so the call can be graph-captured.
+    probs, min_p, seed = inputs["probs"], inputs["min_p"], inputs["seed"]
+    return lambda: fn(probs, min_p, deterministic=True, seed=seed, offset=0)
+
+
+@register
+class MinPSamplingAdapter(_SamplingAdapter):
+    kernel = "min_p_sampling_from_probs"
+    description = "sample one token per row among p >= min_p * max(p)"
+    backends = [
+        Backend(
+            "flashinfer",
+            "flashinfer.sampling:min_p_sampling_from_probs",
+            None,
+            "jit",
+            _bind_min_p,
+            label=SGLANG_SM90,
+            note="fed raw softmax probs (SGLang feeds top-k/top-p renormalised ones)",
+        ),
+    ]
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
+        p = inputs["probs"]
+        may = min_p_sets(p, inputs["min_p"])
+        return FilterRef(_sample(p, may), may)
+
+    def check(self, out: Any, ref: Any, case: Case) -> Check:
+        return check_samples(out, ref)
+
+
+def _bind_top_k_top_p(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    probs, k, p, seed = inputs["probs"], inputs["top_k"], inputs["top_p"], inputs["seed"]
+    return lambda: fn(probs, k, p, filter_apply_order="joint", deterministic=True, seed=seed, offset=0)
+
+
+@register
+class TopKTopPSamplingAdapter(_SamplingAdapter):
+    kernel = "top_k_top_p_sampling_from_probs"
+    description = "sample one token per row from the joint top-k and top-p set"
+    backends = [
+        Backend(
+            "flashinfer",
+            "flashinfer.sampling:top_k_top_p_sampling_from_probs",
+            None,
+            "jit",
+            _bind_top_k_top_p,
+            label=SGLANG_SM90,
+            note='filter_apply_order="joint" with per-request top_k/top_p tensors, as SGLang calls it',
+        ),
+    ]
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
+        p = inputs["probs"]
+        k_nom, _, k_may = top_k_sets(p, inputs["top_k"])
+        p_nom, _, p_may = top_p_sets(p, inputs["top_p"])
+        # joint: both filters on the original probs (top_k_first would give a subset of this)
+        return FilterRef(_sample(p, k_nom & p_nom), k_may & p_may)
+
+    def check(self, out: Any, ref: Any, case: Case) -> Check:
+        return check_samples(out, ref)

@@ -1,0 +1,173 @@
+"""The Markdown report: the same tables as the HTML page, without charts (for PRs and terminals)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from dskbench.compare import format_number
+from dskbench.report.model import CPU_NOTE, History, Machine, category_of, history, panels, status_counts
+from dskbench.report.tables import (
+    ceiling_facts,
+    environment_facts,
+    fmt_num,
+    fmt_pct,
+    panel_rows,
+    problems,
+    summary,
+)
+
+STATUS_ORDER = ("ok", "wrong", "skipped", "error")
+
+
+def cell(s: object) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def table(head: list[str], rows: list[list[str]], right: set[int] | None = None) -> list[str]:
+    right = right or set()
+    align = ["---:" if i in right else "---" for i in range(len(head))]
+    out = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return out + [""]
+
+
+def render(
+    machines: list[Machine], categories: Mapping[str, str] | None, generated: str, threshold: float = 0.05
+) -> str:
+    out = ["# dskbench report", "", f"Generated {generated}. Latency: median per launch, p10–p90 spread.", ""]
+    for m in machines:
+        out += _machine(m, categories, threshold)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _machine(m: Machine, categories: Mapping[str, str] | None, threshold: float) -> list[str]:
+    out = [f"## {m.name}", ""]
+    if m.is_cpu:
+        out += [f"> **{CPU_NOTE}**", ""]
+    env = m.newest
+    out += table(["", ""], [[f"**{k}**", v] for k, v in environment_facts(env)])
+    ceil = ceiling_facts(env.get("ceilings"))
+    if ceil:
+        out += ["Measured ceilings:", ""] + table(["ceiling", "value"], [[k, v] for k, v in ceil], {1})
+    if len(m.runs) > 1:
+        commits = [str((r.environment.get("git") or {}).get("commit") or "?")[:8] for r in m.runs]
+        out += [
+            f"Runs (oldest first): {' → '.join(commits)}; tables show the latest result of each case.",
+            "",
+        ]
+    rows = [
+        [r.category, str(r.kernels), str(r.cases), str(r.backends)]
+        + [str(r.counts.get(s, 0)) for s in STATUS_ORDER]
+        for r in summary(m, categories)
+    ]
+    out += ["### Summary", ""]
+    out += table(["category", "kernels", "cases", "backends", *STATUS_ORDER], rows, set(range(1, 8)))
+    hist = {k: history(m, k) for k in m.kernels()}
+    out += _changes(hist, threshold)
+    for k in m.kernels():
+        out += _kernel(m, k, categories, hist.get(k), threshold)
+    return out
+
+
+def _changes(hist: dict[str, History | None], threshold: float) -> list[str]:
+    rows = []
+    labels = None
+    for k, h in hist.items():
+        if h is None:
+            continue
+        labels = (h.commits[-2][1], h.commits[-1][1])
+        for case, backend, verdict, change, old, new in h.changes(threshold):
+            if verdict in ("slower", "broke", "faster", "fixed"):
+                pct = "" if change is None else f"{change:+.1%}"
+                rows.append([k, case.split("/", 1)[-1], backend, _v(old), _v(new), pct, verdict])
+    if labels is None:
+        return []
+    out = [f"### Changes {labels[0]} → {labels[1]}", ""]
+    if not rows:
+        return out + [f"No change beyond {threshold:.0%} outside the noise.", ""]
+    return out + table(
+        ["kernel", "case", "backend", "old µs", "new µs", "change", "verdict"], rows, {3, 4, 5}
+    )
+
+
+def _v(s) -> str:
+    return s.status if s.status != "ok" or s.value is None else format_number(s.value)
+
+
+def _kernel(m: Machine, kernel: str, categories, h: History | None, threshold: float) -> list[str]:
+    recs = m.records(kernel)
+    c = status_counts(recs)
+    cat = category_of(kernel, categories, recs[0] if recs else None)
+    counts = ", ".join(f"{s} {c[s]}" for s in STATUS_ORDER if c[s])
+    out = [f"### {kernel} ({cat}) — {counts}", ""]
+    for p in panels(recs):
+        rows = panel_rows(p)
+        multi = len(p.phases) > 1
+        head = (["phase"] if multi else []) + [
+            p.x_var,
+            "backend",
+            "µs",
+            "p10–p90",
+            "GB/s",
+            "TFLOP/s",
+            "% BW",
+            "% compute",
+            "notes",
+        ]
+        body = []
+        for r in rows:
+            spread = f"{fmt_num(r.p10)}–{fmt_num(r.p90)}" if r.p10 is not None and r.p90 is not None else "–"
+            body.append(
+                ([r.phase] if multi else [])
+                + [
+                    str(r.rec["point"].get(p.x_var, "")),
+                    f"**{r.backend}** ★" if r.fastest else r.backend,
+                    fmt_num(r.median),
+                    spread,
+                    fmt_num(r.gbps),
+                    fmt_num(r.tflops) if r.tflops else "–",
+                    fmt_pct(r.pct_bw),
+                    fmt_pct(r.pct_flops),
+                    "; ".join(("⚠ " if f.startswith("throttled") else "") + f for f in r.flags),
+                ]
+            )
+        off = 1 if multi else 0
+        out += [f"#### {p.title}", ""] + table(
+            head, body, {off, off + 2, off + 3, off + 4, off + 5, off + 6, off + 7}
+        )
+    probs = problems(recs)
+    if probs:
+        out += ["Not measured:", ""]
+        out += [f"- **{pr.status}** · {pr.backend} · {pr.reason} — {pr.where()}" for pr in probs] + [""]
+    if h is not None:
+        out += _history(h, threshold)
+    return out
+
+
+def _history(h: History, threshold: float) -> list[str]:
+    labels = [label for _, label, _ in h.commits]
+    per_backend: dict[str, list[list[float | None]]] = {}
+    for (_case, backend), stats in h.values.items():
+        base = next((s.value for s in stats if s is not None and s.status == "ok" and s.value), None)
+        ratios = [s.value / base if base and s and s.status == "ok" and s.value else None for s in stats]
+        per_backend.setdefault(backend, []).append(ratios)
+    rows = []
+    for backend, series in sorted(per_backend.items()):
+        row = [backend]
+        for i in range(len(labels)):
+            vals = [r[i] for r in series if r[i]]
+            row.append(f"×{math.exp(sum(math.log(v) for v in vals) / len(vals)):.3f}" if vals else "–")
+        rows.append(row)
+    out = [
+        f"History (geometric mean of latency relative to each series' first commit, {len(h.values)} series):",
+        "",
+    ]
+    out += table(["backend", *labels], rows, set(range(1, len(labels) + 1)))
+    changes = [c for c in h.changes(threshold) if c[2] in ("slower", "broke", "faster", "fixed")]
+    if changes:
+        out += [f"Changed at {labels[-1]}: " + ", ".join(
+            f"{case.split('/', 1)[-1]} · {b} {'' if ch is None else f'{ch:+.1%}'} ({v})"
+            for case, b, v, ch, _o, _n in changes[:20]
+        ) + (f" … and {len(changes) - 20} more" if len(changes) > 20 else ""), ""]  # fmt: skip
+    return out

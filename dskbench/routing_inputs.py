@@ -1,0 +1,134 @@
+"""Realistic DeepSeek-V3/R1 MoE routing for benchmark inputs: biased grouped top-k over 256 experts.
+
+Every MoE kernel's cost depends on how tokens spread over experts (rows per expert, how many experts are
+touched, padding per expert block), so all MoE adapters build their ``topk_ids`` / ``topk_weights`` here,
+the way SGLang's ``biased_grouped_topk_impl`` does for DeepSeek: ``s = sigmoid(logits)``; choose with
+``s + e_score_correction_bias``; keep the ``topk_group`` best of ``n_group`` groups (a group scores the
+sum of its top-2); take the top ``K`` experts of those groups; weights are ``s`` (without the bias) of
+the chosen experts, renormalised to sum 1 (``routed_scaling_factor`` is applied later, by the combine).
+
+Loads are uneven on purpose: each expert has a fixed "popularity" added to its logits (and a small
+random correction bias), so some experts receive several times the mean load, as in a real model.
+Everything is generated on the CPU from ``seed`` (identical on any machine), then moved to ``device``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+# Spread of the per-expert popularity offset added to the router logits (in logit units). With logits of
+# unit spread the hottest expert gets about 4x the mean load and the coldest a few percent of it.
+POPULARITY_STD = 0.3
+BIAS_STD = 0.02  # e_score_correction_bias: small, stored in bf16 by the trtllm kernels
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One routing decision for T tokens."""
+
+    logits: torch.Tensor  # [T, E] fp32 router logits (what the gate GEMM produces)
+    bias: torch.Tensor  # [E] fp32 e_score_correction_bias, values exactly representable in bf16
+    topk_ids: torch.Tensor  # [T, K] int32 expert ids
+    topk_weights: torch.Tensor  # [T, K] fp32, renormalised (rows sum to 1)
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.logits.shape[1])
+
+    def to(self, device: str | torch.device) -> Routing:
+        return Routing(
+            self.logits.to(device),
+            self.bias.to(device),
+            self.topk_ids.to(device),
+            self.topk_weights.to(device),
+        )
+
+
+def grouped_topk(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool = True,
+    routed_scaling_factor: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's biased grouped top-k (``biased_grouped_topk_impl``) in fp32 -> (weights fp32, ids int32).
+
+    Also the reference of the fused routing kernels (trtllm MoE with ``RoutingMethodType.DeepSeekV3``,
+    where ``routed_scaling_factor`` multiplies the renormalised weights).
+    """
+    t, e = logits.shape
+    if e % n_group:
+        raise ValueError(f"{e} experts do not split into {n_group} groups")
+    scores = logits.float().sigmoid()
+    choice = scores + bias.float().unsqueeze(0)
+    group_scores = choice.view(t, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]
+    group_idx = group_scores.topk(topk_group, dim=-1, sorted=False).indices
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
+    score_mask = group_mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
+    masked = choice.masked_fill(score_mask == 0, float("-inf"))
+    ids = masked.topk(top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if routed_scaling_factor is not None:
+        weights = weights * routed_scaling_factor
+    return weights.float(), ids.to(torch.int32)
+
+
+def deepseek_routing(
+    num_tokens: int,
+    num_experts: int = 256,
+    top_k: int = 8,
+    n_group: int = 8,
+    topk_group: int = 4,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> Routing:
+    """Random but realistic routing for `num_tokens` tokens (deterministic in `seed`)."""
+    gen = torch.Generator().manual_seed(seed)
+    # The popularity pattern is a property of the "model": drawn from its own stream so it does not
+    # change with num_tokens.
+    pop_gen = torch.Generator().manual_seed(seed * 7919 + 17)
+    popularity = torch.randn(num_experts, generator=pop_gen) * POPULARITY_STD
+    bias = (torch.randn(num_experts, generator=pop_gen) * BIAS_STD).to(torch.bfloat16).float()
+    logits = torch.randn(num_tokens, num_experts, generator=gen) + popularity
+    weights, ids = grouped_topk(logits, bias, top_k, n_group, topk_group)
+    return Routing(logits, bias, ids, weights).to(device)
+
+
+def expert_counts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Rows each expert receives, int64 [E] (on the CPU)."""
+    return torch.bincount(topk_ids.flatten().long().cpu(), minlength=num_experts)[:num_experts]
+
+
+def sorted_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stable sort of the flat (token, slot) pairs by expert -> (order int64 [T*K], offsets int64 [E+1]).
+
+    ``order[r]`` is the flat index ``t * K + j`` of the r-th row in expert order; expert e owns rows
+    ``offsets[e]:offsets[e + 1]``. This is the canonical layout of the CUTLASS MoE path
+    (``prepare_moe_input``): the kernels may order rows inside one expert differently.
+    """
+    flat = topk_ids.flatten().long().cpu()
+    order = torch.sort(flat, stable=True).indices
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(expert_counts(topk_ids, num_experts), 0)
+    return order, offsets
+
+
+@lru_cache(maxsize=256)
+def active_experts(
+    num_tokens: int, num_experts: int = 256, top_k: int = 8, n_group: int = 8, topk_group: int = 4
+) -> int:
+    """Distinct experts the seed-0 routing of `num_tokens` tokens touches (traffic counts their weights).
+
+    Exact for seed 0 and within a few experts for any other seed (it saturates at E from a few hundred
+    tokens on).
+    """
+    r = deepseek_routing(num_tokens, num_experts, top_k, n_group, topk_group, seed=0)
+    return int((expert_counts(r.topk_ids, num_experts) > 0).sum())

@@ -1,0 +1,231 @@
+"""The static report: content, per-machine grouping, marks, history, size; no browser needed."""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from fake_results import CATEGORIES, COMMIT_A, big_run, fake_runs, make_run
+
+from dskbench.report import svg, write_report
+from dskbench.report.model import CPU_NOTE, history, machines, panels, pct_of_peak
+from dskbench.report.tables import fmt_num, problems
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[str, str]:
+    out = tmp_path_factory.mktemp("report")
+    paths = write_report(fake_runs(), out, categories=CATEGORIES)
+    assert [p.name for p in paths] == ["index.html", "report.md"]
+    return paths[0].read_text(encoding="utf-8"), paths[1].read_text(encoding="utf-8")
+
+
+def kernel_section(page: str, anchor: str) -> str:
+    m = re.search(rf'<details class="kernel" id="{re.escape(anchor)}".*?</div></details>', page, re.S)
+    assert m, f"no section {anchor}"
+    return m.group(0)
+
+
+def charts(section: str) -> list[ET.Element]:
+    return [ET.fromstring(s) for s in re.findall(r"<svg class=\"chart\".*?</svg>", section, re.S)]
+
+
+def chart_titled(section: str, title: str, index: int = 0) -> ET.Element:
+    found = [c for c in charts(section) if c.find(f"{SVG_NS}title").text == title]
+    return found[index]
+
+
+def markers(chart: ET.Element, color: str | None = None) -> list[ET.Element]:
+    groups = [g for g in chart.iter(f"{SVG_NS}g") if color is None or g.get("color") == color]
+    return [c for g in groups for c in g.iter(f"{SVG_NS}circle") if c.get("class") != "thr"]
+
+
+def test_page_is_self_contained_and_labelled(report):
+    page, _ = report
+    assert page.startswith("<!doctype html>")
+    assert not re.search(r"(src|href)=\"(https?:)?//", page), "the page must not fetch anything"
+    for name in ("NVIDIA H200", "NVIDIA B200", "cpu"):
+        assert f"<h2>{name}</h2>" in page
+    assert page.count(CPU_NOTE) == 2  # in the machine card and above its kernels
+    assert "580.95.05" in page and "sglang-kernel 0.4.5" in page and "flashinfer-python 0.6.14" in page
+    assert "measured ceilings" in page and "dram_gbps" in page
+    assert (
+        page.count('<details class="kernel"') == 6 + 6 + 3
+    )  # one collapsible section per kernel per machine
+
+
+def test_summary_counts_match_latest_results(report):
+    page, _ = report
+    h200 = next(m for m in machines(fake_runs()) if m.name == "NVIDIA H200")
+    recs = list(h200.latest.values())
+    expected = [sum(1 for r in recs if r["status"] == s) for s in ("ok", "wrong", "skipped", "error")]
+    card = page[page.index('id="m-nvidia-h200"') :]
+    total = re.search(r'<tr class="total">(.*?)</tr>', card).group(1)
+    cells = [int(x) for x in re.findall(r"<td class=\"n[^\"]*\">(\d+)</td>", total)]
+    assert cells[-4:] == expected
+    assert expected[1] > 0 and expected[2] > 0 and expected[3] > 0
+    assert ">gemm<" in card and ">attention<" in card  # per category
+
+
+def test_wrong_results_are_not_plotted_and_are_listed(report):
+    page, _ = report
+    sec = kernel_section(page, "nvidia-h200--fp8-blockwise-scaled-mm")
+    lat = chart_titled(sec, "latency")
+    triton = svg.color_map(sorted({"flashinfer", "sgl_kernel", "sglang_jit", "sglang_triton", "torch-ref"}))[
+        "sglang_triton"
+    ]
+    assert len(markers(lat, triton)) == 14 - 2  # T=1 and T=8 were wrong
+    assert "(wrong at T=1, T=8)" in sec
+    assert "relative error 0.31 &gt; tolerance 0.02" in sec
+    assert "q_b_proj · decode · T=1, T=8" in sec
+
+
+def test_throttled_and_unconverged_points_are_marked(report):
+    page, _ = report
+    sec = kernel_section(page, "nvidia-h200--rmsnorm")
+    lat, bw = chart_titled(sec, "latency"), chart_titled(sec, "bandwidth")
+    for c in (lat, bw):
+        assert len([x for x in c.iter(f"{SVG_NS}circle") if x.get("class") == "thr"]) == 1
+        assert len([x for x in c.iter(f"{SVG_NS}circle") if x.get("class") == "h"]) == 1
+    assert "throttled (hw_thermal_slowdown)" in sec
+    assert "not converged (cv 12.0%)" in sec
+    # error bars: one vertical segment per plotted point
+    err = [p for p in lat.iter(f"{SVG_NS}path") if p.get("class") == "err"]
+    assert sum(p.get("d").count("V") for p in err) == len(markers(lat)) == 42
+
+
+def test_machines_are_never_mixed(report):
+    page, _ = report
+    b200 = kernel_section(page, "nvidia-b200--cutlass-scaled-fp4-mm")
+    h200 = kernel_section(page, "nvidia-h200--cutlass-scaled-fp4-mm")
+    assert len(markers(chart_titled(b200, "latency"))) == 14
+    assert "<svg" not in h200 and "needs sm100/sm103 (found sm90)" in h200
+    for m in machines(fake_runs()):
+        devices = {r.environment["device"]["name"] for r in m.runs}
+        assert devices == {m.name}
+
+
+def test_history_and_regression_dashboard(report):
+    page, md = report
+    rms = kernel_section(page, "nvidia-h200--rmsnorm")
+    assert "History across 2 commits" in rms
+    assert "14 regressions vs aaaaaaa1" in rms
+    hist = chart_titled(rms, "latency per commit, relative to the first commit measured")
+    assert [t.text for t in hist.iter(f"{SVG_NS}text") if t.get("class") == "xt"] == ["aaaaaaa1", "bbbbbbb1"]
+    assert "History" not in kernel_section(page, "nvidia-b200--rmsnorm")  # one commit only
+    dash = page[page.index("Changes on NVIDIA H200") :]
+    row = re.search(r'<a href="#nvidia-h200--silu-and-mul">.*?</tr>', dash).group(0)
+    assert re.findall(r">(\d+)</td>", row)[:3] == ["42", "14", "14"]  # series, slower/broke, faster/fixed
+    assert "Changes aaaaaaa1 → bbbbbbb1" in md
+    assert "| rmsnorm | input_layernorm/decode/T=1 | sgl_kernel |" in md
+
+
+def test_markdown_has_the_tables(report):
+    _, md = report
+    assert md.startswith("# dskbench report")
+    assert f"> **{CPU_NOTE}**" in md
+    assert "| category | kernels | cases | backends | ok | wrong | skipped | error |" in md
+    assert "#### attn_mqa:absorbed · decode · kv_len=1024" in md
+    assert "- **error** · sglang_triton · out of memory" in md
+    assert "⚠ throttled (hw_thermal_slowdown)" in md
+    assert "**flashinfer** ★" in md
+
+
+def test_report_of_3000_results_stays_small_and_fast(tmp_path: Path):
+    run = big_run(3000)
+    t0 = time.monotonic()
+    page, md = write_report([run], tmp_path, categories={})
+    elapsed = time.monotonic() - t0
+    size = page.stat().st_size
+    n_kernels = len({r["kernel"] for r in run.results})
+    assert page.read_text().count('<details class="kernel"') == n_kernels
+    assert size < 3000 * 1000, f"{size / 1e6:.1f} MB for 3000 results"
+    assert md.stat().st_size < 500_000
+    assert elapsed < 10
+
+
+def test_panels_pick_the_sweep_axis_and_split_fixed_variables():
+    run = make_run("x", "h200", COMMIT_A, "2026-01-01T00:00:00+00:00")
+    mla = [r for r in run.results if r["kernel"] == "BatchMLAPagedAttentionWrapper"]
+    ps = panels(mla)
+    assert [(p.x_var, p.fixed) for p in ps] == [("B", {"kv_len": k}) for k in (1024, 4096, 16384)]
+    assert ps[-1].ok.keys() == {"flashinfer", "sglang_triton"}
+    assert len(ps[-1].ok["sglang_triton"]) == 3  # B=128 ran out of memory
+    rms = [r for r in run.results if r["kernel"] == "rmsnorm"]
+    (p,) = panels(rms)  # decode and prefill cover different T: one chart
+    assert p.phases == ["decode", "prefill"] and p.x_var == "T"
+    dup = rms + [{**r, "phase": "decode_graph"} for r in rms if r["phase"] == "decode"]
+    assert [q.phases for q in panels(dup)] == [["decode"], ["prefill"], ["decode_graph"]]
+
+
+def test_history_needs_two_commits_and_keeps_broken_series():
+    runs = fake_runs()
+    h200 = next(m for m in machines(runs) if m.name == "NVIDIA H200")
+    h = history(h200, "silu_and_mul")
+    assert [c[1] for c in h.commits] == ["aaaaaaa1", "bbbbbbb1"]
+    verdicts = {(case, b): v for case, b, v, *_ in h.changes()}
+    assert verdicts[("silu_and_mul/mlp.act_fn/decode/T=1", "sglang_jit")] == "broke"
+    assert verdicts[("silu_and_mul/mlp.act_fn/decode/T=1", "flashinfer")] == "faster"
+    b200 = next(m for m in machines(runs) if m.name == "NVIDIA B200")
+    assert history(b200, "rmsnorm") is None
+
+
+def test_problems_are_grouped_by_reason():
+    run = make_run("x", "h200", COMMIT_A, "2026-01-01T00:00:00+00:00")
+    probs = problems([r for r in run.results if r["kernel"] == "cutlass_scaled_fp4_mm"])
+    assert len(probs) == 1 and len(probs[0].cases) == 14
+    assert probs[0].where(limit=3).startswith("o_proj · decode · T=1, T=2, T=4, … (9 cases)")
+
+
+def test_text_is_escaped(tmp_path: Path):
+    run = make_run("x", "h200", COMMIT_A, "2026-01-01T00:00:00+00:00")
+    bad = next(r for r in run.results if r["status"] == "error")
+    bad["reason"] = "<script>alert(1)</script>"
+    page = write_report([run], tmp_path, categories={})[0].read_text()
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_pct_of_peak_finds_the_fields():
+    assert pct_of_peak({"pct_bw": 80.0, "pct_flops": 40.0}) == (80.0, 40.0)
+    assert pct_of_peak({"pct_dram_bw_datasheet": 70.0, "pct_dram_bw_measured": 75.0}) == (75.0, None)
+    assert pct_of_peak({"pct_peak_tflops": 12.5, "gbps": 3.0}) == (None, 12.5)
+    assert pct_of_peak(None) == (None, None)
+
+
+def test_svg_chart_is_valid_and_scaled():
+    s = [
+        svg.Series(
+            "a", "#000", [svg.Point(x, 10.0 * x, 9.0 * x, 11.0 * x, tip="<a>") for x in (1, 4, 16, 64)]
+        ),
+        svg.Series("b", "#111", [svg.Point(1, 0.0)]),  # a zero cannot go on a log axis: dropped
+    ]
+    root = ET.fromstring(svg.line_chart(s, "t", svg.Axis("T", log=True), svg.Axis("us", log=True)))
+    assert root.get("data-points") == "4"
+    path = next(p for p in root.iter(f"{SVG_NS}path") if p.get("class") == "series")
+    xs = [float(v) for v in re.findall(r"[ML]([\d.]+) ", path.get("d"))]
+    gaps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    assert max(gaps) - min(gaps) < 0.2  # powers of 4 are evenly spaced on a log axis
+    empty = svg.line_chart([], "t", svg.Axis("T"), svg.Axis("us"))
+    assert "no data" in empty
+    ET.fromstring(empty)
+
+
+def test_ticks_and_numbers():
+    assert svg.nice_ticks(0, 87) == [0, 20, 40, 60, 80, 100]
+    assert svg.nice_ticks(0, 80) == [0, 20, 40, 60, 80]
+    assert svg.nice_ticks(0.95, 1.26) == [0.9, 1.0, 1.1, 1.2, 1.3]
+    assert svg.log_ticks(16, 11000) == [10, 100, 1000, 10000]
+    assert svg.fmt_tick(8192) == "8k" and svg.fmt_tick(0.5) == "0.5" and svg.fmt_tick(1000) == "1k"
+    assert [fmt_num(x) for x in (0.01234, 2.345, 12.34, 1234.5, None)] == [
+        "0.0123",
+        "2.35",
+        "12.3",
+        "1,234",
+        "–",
+    ]
