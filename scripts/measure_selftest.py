@@ -196,16 +196,20 @@ def main() -> int:
         if args.only and op_name not in args.only:
             continue
         trit = triton_us(launchers)
-        for mode in ("cold", "hot"):
-            print(f"{op_name} {mode} ...", flush=True)
+        variants = [("cold", settings, op_name), ("hot", settings, op_name)]
+        if op_name == "mm_4096_bf16":  # how much the cooldown matters for a power-hungry GEMM
+            variants.append(("hot", settings.with_(cooldown=0.0), op_name + ",cool=0"))
+        for mode, s, label in variants:
+            print(f"{label} {mode} ...", flush=True)
             ref = cupti_us(launchers, mode == "cold", flush, iters)
-            g1 = measure(launchers, mode=mode, settings=settings)
-            g2 = measure(launchers, mode=mode, settings=settings)
-            eg = measure(launchers, mode=mode, capturable=False, settings=settings)
+            g1 = measure(launchers, mode=mode, settings=s)
+            g2 = measure(launchers, mode=mode, settings=s)
+            eg = measure(launchers, mode=mode, capturable=False, settings=s)
             row = {
-                "op": op_name,
+                "op": label,
                 "desc": desc,
                 "mode": mode,
+                "cooldown": s.cooldown,
                 "cupti": ref,
                 "graph": brief(g1),
                 "graph_repeat": brief(g2),
@@ -228,12 +232,22 @@ def main() -> int:
     print(f"GPU {name}  torch {torch.__version__}  L2 {report['l2_bytes'] >> 20} MiB  -> {args.out}")
     hdr = (
         f"{'op':22} {'mode':4} {'cupti':>8} {'graph':>8} {'err%':>6} {'ok':>2} {'repeat':>8} {'eager':>8} "
-        f"{'err%':>6} {'dbcg':>8} {'dobench':>8} {'flush':>6} {'lps':>5} {'n':>5} {'noise%':>6} thr"
+        f"{'err%':>6} {'dbcg':>8} {'dobench':>8} {'flush':>6} {'lps':>5} {'n':>5} {'noise%':>6} thr "
+        f"{'smMHz':>9} {'maxW':>4}"
     )
     print(hdr)
 
     def f(x: float | None, w: int = 8, p: int = 2) -> str:
         return f"{x:{w}.{p}f}" if isinstance(x, float) and math.isfinite(x) else f"{'-':>{w}}"
+
+    def thr(t: bool | None) -> str:
+        return "-" if t is None else ("Y" if t else "N")
+
+    def clk(d: dict[str, Any] | None) -> str:
+        if not d or d.get("sm_mhz_min") is None:
+            return f"{'-':>9} {'-':>4}"
+        w = d.get("power_w_max")
+        return f"{d['sm_mhz_min']:>4}-{d['sm_mhz_max']:<4} {w if w is None else round(w):>4}"
 
     n_ok = 0
     for r in rows:
@@ -247,7 +261,7 @@ def main() -> int:
             f"{r['op']:22} {r['mode']:4} {f(c)} {f(g['median_us'])} {f(err, 6, 1)} "
             f"{'Y' if r['graph_within_target'] else 'N':>2} {f(g2['median_us'])} {f(e['median_us'])} "
             f"{f(eerr, 6, 1)} {f(dbcg)} {f(dob)} {f(g['flush_us'], 6, 1)} {g['launches_per_sample']:5d} "
-            f"{g['n_samples']:5d} {f(100 * g['noise'], 6, 2)} {'Y' if g['throttled'] else ('-' if g['throttled'] is None else 'N')}"
+            f"{g['n_samples']:5d} {f(100 * g['noise'], 6, 2)} {thr(g['throttled']):>3} {clk(g['clocks_during'])}"
         )
     ceil = report.get("ceilings")
     if ceil:
