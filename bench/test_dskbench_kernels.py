@@ -10,7 +10,9 @@ from dskbench import suite
 
 
 @pytest.mark.benchmark(timer=suite.REPLAY_CLOCK)
-def test_kernel(benchmark: Any, dsk_case: str, dsk_result: dict[str, Any], dsk_selection: suite.Selection) -> None:
+def test_kernel(
+    benchmark: Any, dsk_case: str, dsk_result: dict[str, Any], dsk_selection: suite.Selection
+) -> None:
     rec = dsk_result
     if rec["status"] == "skipped":
         pytest.skip(rec["reason"])

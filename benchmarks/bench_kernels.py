@@ -116,7 +116,8 @@ def _setup_caches(kernels: list[str]) -> dict[str, Any]:
     their generated code), so inspect finds the line numbers and asv can display the code.
     """
     src = "".join(
-        f"def setup_cache_{i}(self):  # kernel {k!r}\n    return self._measure()\n\n" for i, k in enumerate(kernels)
+        f"def setup_cache_{i}(self):  # kernel {k!r}\n    return self._measure()\n\n"
+        for i, k in enumerate(kernels)
     )
     filename = f"<dskbench-asv-setup-cache-{hashlib.sha1(src.encode()).hexdigest()[:10]}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)

@@ -38,11 +38,22 @@ def ceil_ue8m0(s: torch.Tensor) -> torch.Tensor:
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = FP8_DTYPE) -> torch.Tensor:
     """q = saturate(x / scale) in `dtype`; `scale` broadcasts against `x`. INT8 rounds half to even."""
+    return _saturate(x.to(torch.float32, copy=True).div_(scale), dtype)
+
+
+def _saturate(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round (INT8) and clamp an fp32 tensor in place, then cast: one fp32 temporary at most."""
     m = qmax(dtype)
-    y = x.float() / scale
     if dtype == torch.int8:
-        return torch.round(y).clamp(-128.0, m).to(torch.int8)
-    return y.clamp(-m, m).to(dtype)
+        return y.round_().clamp_(-128.0, m).to(torch.int8)
+    return y.clamp_(-m, m).to(dtype)
+
+
+def _absmax(x: torch.Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False) -> torch.Tensor:
+    """max |x| without materialising |x| (weights can be a GB)."""
+    if dim is None:
+        return torch.maximum(x.max(), -x.min()).reshape(1)
+    return torch.maximum(x.amax(dim=dim, keepdim=keepdim), -x.amin(dim=dim, keepdim=keepdim))
 
 
 def _scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, eps: float, ue8m0: bool) -> torch.Tensor:
@@ -54,7 +65,7 @@ def per_tensor_quant(
     x: torch.Tensor, dtype: torch.dtype = FP8_DTYPE, eps: float = DEFAULT_EPS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale for the whole tensor -> (q, scale fp32 [1])."""
-    s = _scale_from_amax(x.abs().amax().reshape(1), dtype, eps, False)
+    s = _scale_from_amax(_absmax(x), dtype, eps, False)
     return quantize(x, s, dtype), s
 
 
@@ -65,7 +76,7 @@ def per_token_quant(
 
     Per-token for activations [M, K]; per-output-channel for a weight [N, K].
     """
-    s = _scale_from_amax(x.abs().amax(dim=-1, keepdim=True), dtype, eps, False)
+    s = _scale_from_amax(_absmax(x, -1, keepdim=True), dtype, eps, False)
     return quantize(x, s, dtype), s
 
 
@@ -80,8 +91,8 @@ def per_token_group_quant(
     k = x.shape[-1]
     if k % group:
         raise ValueError(f"last dim {k} is not a multiple of the group size {group}")
-    xg = x.float().unflatten(-1, (k // group, group))
-    s = _scale_from_amax(xg.abs().amax(dim=-1), dtype, eps, ue8m0)
+    xg = x.unflatten(-1, (k // group, group))
+    s = _scale_from_amax(_absmax(xg, -1), dtype, eps, ue8m0)
     q = quantize(xg, s.unsqueeze(-1), dtype).flatten(-2)
     return q, s
 
@@ -101,10 +112,11 @@ def block_quant(
     *lead, n, k = w.shape
     nb, kb = math.ceil(n / bn), math.ceil(k / bk)
     wp = torch.zeros(*lead, nb * bn, kb * bk, dtype=torch.float32, device=w.device)
-    wp[..., :n, :k] = w.float()
-    blocks = wp.unflatten(-1, (kb, bk)).unflatten(-3, (nb, bn))  # [..., nb, bn, kb, bk]
-    s = _scale_from_amax(blocks.abs().amax(dim=(-3, -1)), dtype, eps, ue8m0)  # [..., nb, kb]
-    return quantize(w, expand_block_scale(s, block, n, k), dtype), s
+    wp[..., :n, :k] = w
+    blocks = wp.unflatten(-1, (kb, bk)).unflatten(-3, (nb, bn))  # a view: [..., nb, bn, kb, bk]
+    s = _scale_from_amax(_absmax(blocks, (-3, -1)), dtype, eps, ue8m0)  # [..., nb, kb]
+    blocks.div_(s.unsqueeze(-1).unsqueeze(-3))
+    return _saturate(wp, dtype)[..., :n, :k].contiguous(), s
 
 
 def expand_block_scale(s: torch.Tensor, block: tuple[int, int], n: int, k: int) -> torch.Tensor:

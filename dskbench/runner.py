@@ -227,7 +227,12 @@ def prepare_case(
         return {**base, "status": "skipped", "reason": str(e)}, None
     base["backend"] = backend_block(backend, resolved)
     traffic = adapter.traffic(case)
-    base["traffic"] = {"bytes": traffic.bytes, "flops": traffic.flops, "note": traffic.note}
+    base["traffic"] = {
+        "bytes": traffic.bytes,
+        "flops": traffic.flops,
+        "compute": traffic.compute,
+        "note": traffic.note,
+    }
     dev = "cuda" if device.kind == "cuda" else "cpu"
     too_big = _memory_shortfall(traffic.bytes, dev)
     if too_big:
@@ -264,7 +269,7 @@ def execute_item(
     settings = core.MeasureSettings.quick() if opts.profile == "quick" else core.MeasureSettings()
     if opts.budget_s is not None:
         settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
-    mode = "cold" if opts.mode == "rotate" else opts.mode
+    mode = "hot" if opts.mode == "rotate" else opts.mode  # rotate: no flush, the sets overflow L2
     m = core.measure(
         launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
     )
@@ -272,7 +277,10 @@ def execute_item(
     timing["mode"] = opts.mode
     timing["input_sets"] = len(launchers)
     peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None
-    metrics = core.metrics(timing["median_us"], prep.traffic.bytes, prep.traffic.flops, ceilings, peaks)
+    compute = {"int8": "fp8"}.get(prep.traffic.compute, prep.traffic.compute)
+    metrics = core.metrics(
+        timing["median_us"], prep.traffic.bytes, prep.traffic.flops, ceilings, peaks, compute=compute
+    )
     clock_keys = ("clocks_before", "clocks_after", "throttled", "throttle_reasons")
     clocks = {k: timing.pop(k) for k in clock_keys if k in timing}
     return {**base, "status": "ok", "timing": timing, "metrics": metrics, "clocks": clocks}

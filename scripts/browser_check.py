@@ -222,6 +222,10 @@ PAGE_FACTS = """(() => {
     data_paths: paths.filter(p => /^M[\\d.]+ [\\d.]+(L[\\d.]+ [\\d.]+)+/.test(p.getAttribute('d') || '')).length,
     markers: document.querySelectorAll('svg.chart circle').length,
     throttle_rings: document.querySelectorAll('svg.chart circle.thr').length,
+    rings_drawn_as_rings: [...document.querySelectorAll('svg.chart circle.thr')]
+      .every(c => getComputedStyle(c).fill === 'none' && getComputedStyle(c).stroke !== 'none'),
+    hollow_points: [...document.querySelectorAll('svg.chart circle.h')]
+      .filter(c => getComputedStyle(c).fill === 'rgb(255, 255, 255)').length,
     error_bars: document.querySelectorAll('svg.chart path.err').length,
     cpu_banners: document.querySelectorAll('.banner').length,
     width: document.documentElement.scrollWidth,
@@ -255,7 +259,7 @@ def check_report(
                 if rect:
                     rect["height"] = min(rect["height"], 4000)
                     facts["shots"].append(str(b.screenshot(shots / "report_kernel.png", rect)))
-        b.evaluate("document.getElementById('expand').click()")
+        b.evaluate("document.getElementById('expand')?.click()")
         facts.update(b.evaluate(PAGE_FACTS))
         time.sleep(0.2)  # let any late error surface
         b.evaluate("1")

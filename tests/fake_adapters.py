@@ -71,7 +71,10 @@ def _fake(name: str, binder) -> Backend:
 @register
 class FakeOk(_FakeNorm):
     kernel = "fake_ok"
-    backends = [_fake("fake", _bind_ok), Backend("b200", "dskbench.shapes:Case", None, "aot", _bind_ok, requires=SM100)]
+    backends = [
+        _fake("fake", _bind_ok),
+        Backend("b200", "dskbench.shapes:Case", None, "aot", _bind_ok, requires=SM100),
+    ]
 
 
 @register

@@ -97,7 +97,6 @@ def test_compare_our_runs_by_machine_case_and_backend():
     assert by[("fp8_blockwise_scaled_mm", "sglang_triton")] == {"same", "still failing"}
     assert by[("cutlass_scaled_fp4_mm", "sgl_kernel")] == {"skipped"}
     assert len(c.regressions) == 28 and len(c.improvements) == 14
-    assert "14 throttled" not in c.summary()
     throttled = [ch for ch in c.changes if "throttled new run" in ch.note]
     assert len(throttled) == 1 and throttled[0].key.case.endswith("T=64")
     # another GPU is another machine: nothing matches across H200 and B200

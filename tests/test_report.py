@@ -8,11 +8,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from fake_results import CATEGORIES, COMMIT_A, big_run, fake_runs, make_run
+from fake_results import CATEGORIES, COMMIT_A, big_run, ceilings_for, fake_runs, make_run
 
 from dskbench.report import svg, write_report
 from dskbench.report.model import CPU_NOTE, history, machines, panels, pct_of_peak
-from dskbench.report.tables import fmt_num, problems
+from dskbench.report.tables import ceiling_facts, fmt_num, problems
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -53,7 +53,7 @@ def test_page_is_self_contained_and_labelled(report):
         assert f"<h2>{name}</h2>" in page
     assert page.count(CPU_NOTE) == 2  # in the machine card and above its kernels
     assert "580.95.05" in page and "sglang-kernel 0.4.5" in page and "flashinfer-python 0.6.14" in page
-    assert "measured ceilings" in page and "dram_gbps" in page
+    assert "measured ceilings" in page and "3,870 GB/s (Tensor.copy_ fp32)" in page
     assert (
         page.count('<details class="kernel"') == 6 + 6 + 3
     )  # one collapsible section per kernel per machine
@@ -191,11 +191,28 @@ def test_text_is_escaped(tmp_path: Path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
-def test_pct_of_peak_finds_the_fields():
-    assert pct_of_peak({"pct_bw": 80.0, "pct_flops": 40.0}) == (80.0, 40.0)
-    assert pct_of_peak({"pct_dram_bw_datasheet": 70.0, "pct_dram_bw_measured": 75.0}) == (75.0, None)
-    assert pct_of_peak({"pct_peak_tflops": 12.5, "gbps": 3.0}) == (None, 12.5)
+def test_pct_of_peak_prefers_measured_ceilings():
+    from dskbench.measure.metrics import metrics
+
+    m = metrics(
+        10.0, 40_000_000, 8e9, {"bandwidth_gbps": 5000.0, "bf16_tflops": 1600.0}, {"hbm_gbps": 8000.0}
+    )
+    assert pct_of_peak(m) == (pytest.approx(80.0), pytest.approx(50.0))
+    only_sheet = metrics(10.0, 40_000_000, None, None, {"hbm_gbps": 8000.0})
+    assert pct_of_peak(only_sheet) == (pytest.approx(50.0), None)
+    assert pct_of_peak({"pct_dram_datasheet": 70.0, "pct_dram_measured": 75.0}) == (75.0, None)
     assert pct_of_peak(None) == (None, None)
+
+
+def test_ceilings_are_shown_with_their_method():
+    facts = dict(ceiling_facts(ceilings_for("h200")))
+    assert facts["copy bandwidth"] == "3,870 GB/s (Tensor.copy_ fp32)"
+    assert facts["fp8 matmul"] == "1,386 TFLOP/s (torch._scaled_mm fp8; ⚠ throttled)"
+    failed = dict(
+        ceiling_facts({"bandwidth_gbps": 100.0, "fp8_tflops": None, "fp8_matmul": {"error": "needs sm89+"}})
+    )
+    assert failed == {"copy bandwidth": "100 GB/s", "fp8 matmul": "not measured: needs sm89+"}
+    assert ceiling_facts(None) == []
 
 
 def test_svg_chart_is_valid_and_scaled():

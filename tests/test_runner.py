@@ -17,7 +17,9 @@ FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_raise")
 
 
 def _entry(name: str, status: str = "benchmark", reason: str = "") -> SimpleNamespace:
-    return SimpleNamespace(name=name, status=status, status_reason=reason, op_names=["input_layernorm"], aliases=())
+    return SimpleNamespace(
+        name=name, status=status, status_reason=reason, op_names=["input_layernorm"], aliases=()
+    )
 
 
 @pytest.fixture()
@@ -29,7 +31,9 @@ def registry():
 
 
 def _opts(**kw) -> SweepOptions:
-    base = dict(device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1)
+    base = dict(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1
+    )
     base.update(kw)
     return SweepOptions(**base)
 
@@ -45,7 +49,9 @@ def test_unknown_backend_is_a_clear_error(registry):
 
 
 def test_plan_skips_non_benchmark_and_adapterless_kernels(registry):
-    items, skips = plan_sweep(registry, default_shapes(), ["fake_host", "fake_noadapter", "fake_ok"], None, _opts())
+    items, skips = plan_sweep(
+        registry, default_shapes(), ["fake_host", "fake_noadapter", "fake_ok"], None, _opts()
+    )
     reasons = {s["kernel"]: s["reason"] for s in skips}
     assert reasons["fake_host"].startswith("host-only")
     assert reasons["fake_noadapter"] == "no adapter for this kernel yet"

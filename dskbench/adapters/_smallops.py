@@ -1,7 +1,7 @@
 """Helpers shared by the small, memory-bound adapters (norm, activation, rope, quant, sampling, speculative).
 
-Inputs are drawn on the CPU from a seeded generator and then moved, so a seed gives the same tensors on
-any device and `make_inputs` works without a GPU.
+Inputs come from a seeded CPU generator (small draws) and device generators seeded from it (large
+tensors), so a seed gives the same inputs on a given device and `make_inputs` works without a GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ def model_config() -> dict[str, int | float]:
 
 
 def generator(seed: int) -> torch.Generator:
+    """CPU generator for small host-side draws (indices, parameters)."""
     return torch.Generator(device="cpu").manual_seed(int(seed))
+
+
+def device_generator(gen: torch.Generator, device: str) -> torch.Generator:
+    """A generator on `device` seeded from `gen`: large tensors are drawn where they live (drawing
+    hundreds of MB on the host would dominate a GPU sweep)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def randn(
@@ -36,9 +44,9 @@ def randn(
     dtype: torch.dtype = torch.bfloat16,
     scale: float = 1.0,
 ) -> torch.Tensor:
-    """Normal values (never all zero), generated in fp32 on the CPU then cast and moved."""
-    x = torch.randn(tuple(shape), generator=gen, dtype=torch.float32) * scale
-    return x.to(dtype).to(device)
+    """Normal values (never all zero), drawn in fp32 on `device` then cast."""
+    x = torch.randn(tuple(shape), generator=device_generator(gen, device), device=device, dtype=torch.float32)
+    return (x * scale).to(dtype)
 
 
 def enable_pdl(t: torch.Tensor) -> bool:

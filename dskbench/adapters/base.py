@@ -23,6 +23,7 @@ class Traffic:
     bytes: int
     flops: int = 0
     note: str = ""
+    compute: str = "bf16"  # the tensor-core rate the FLOPs compare with: bf16, fp8 or fp4 (int8 -> fp8 rate)
 
 
 @dataclass(frozen=True)

@@ -564,6 +564,15 @@ class CutlassScaledFp4Mm(_NumericsAdapter):
 
         return Refs("w4a4", {"w4a4": w4a4, "w4a16": w4a16})
 
+    def traffic_for(self, backend: str, case: Case) -> Traffic:
+        """Per-backend minimum traffic: the Hopper (Marlin, W4A16) row reads bf16 activations. The runner
+        uses traffic(case) for every backend; this is here for a runner that asks per backend."""
+        b = {x.name: x for x in self.all_backends()}[backend]
+        if b.extra.get("numerics") != "w4a16":
+            return self.traffic(case)
+        m, n, k = _gemm_dims(case)
+        return Traffic(gemm_traffic_w4a16(m, n, k), 2 * m * n * k, "W4A16: NVFP4 W, bf16 x and out")
+
     def traffic(self, case: Case) -> Traffic:
         m, n, k = _gemm_dims(case)
         return Traffic(
@@ -1009,8 +1018,9 @@ class ScaledFp4ExpertsQuant(Adapter):
 
 def _swap_halves(t: torch.Tensor) -> torch.Tensor:
     """[E, 2I, ...] gate-first -> up-first (flashinfer CUTLASS MoE loads w3 before w1)."""
-    e, r = t.shape[0], t.shape[1]
-    return t.reshape(e, 2, r // 2, *t.shape[2:]).flip(1).reshape(t.shape).contiguous()
+    b = t.view(torch.uint8)  # index ops on uint8: float8 kernels are not implemented for every op
+    e, r = b.shape[0], b.shape[1]
+    return b.reshape(e, 2, r // 2, *b.shape[2:]).flip(1).reshape(b.shape).contiguous().view(t.dtype)
 
 
 def _bind_cutlass_fused_moe(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
@@ -1069,7 +1079,7 @@ def _marlin_moe_weights(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
             qs.append(q)
             ss.append(s)
         out[name] = torch.stack(qs)
-        out[f"{name}_scale"] = torch.stack(ss)
+        out[f"{name}_scale"] = torch.stack([x.view(torch.uint8) for x in ss]).view(torch.float8_e4m3fn)
         out[f"{name}_gs"] = nvfp4_marlin_process_global_scale(ws2.to(torch.bfloat16))
     return out
 

@@ -22,15 +22,10 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.base import TOLERANCES, Adapter, Check, Traffic, rel_error
 from dskbench.backends import Backend, Requirement
+from dskbench.routing_inputs import deepseek_routing
 from dskbench.shapes import Case, default_shapes
 
 TOPK_OPS = ("topk",)
-# Synthetic router statistics: unit-normal logits, a per-expert popularity skew (uneven loads, as in a
-# trained router), and a correction bias that partly offsets it (DeepSeek's aux-loss-free balancing).
-LOGIT_STD = 1.0
-EXPERT_SKEW_STD = 0.2  # gives max/mean expert load ~2.4 over 4096 tokens (3.5 without the bias)
-BIAS_GAIN = 0.1  # bias = -BIAS_GAIN * (sigmoid(skew) - 1/2) + noise: popular experts pulled down
-BIAS_STD = 0.02
 SELECT_RTOL = 1e-5  # fp32 kernels vs the float64 reference, on selection scores
 SELECT_ATOL = 1e-6
 FLASHINFER_DSV3_ROUTING = Requirement(sm=(89, 90, 100, 103, 120, 121))  # fused_routing_dsv3 cc list
@@ -40,25 +35,23 @@ def routed_scaling_factor() -> float:
     return float(default_shapes().config["routed_scaling_factor"])
 
 
-# -- realistic router inputs and the reference math (public: the MoE adapters build routing with them) --
+def _router_inputs(case: Case, device: str, seed: int) -> dict[str, Any]:
+    """fp32 logits [T, E] and e_score_correction_bias [E] with uneven expert popularity — the same
+    generator (dskbench.routing_inputs) the MoE adapters route with, so both see one routing."""
+    d = case.dims
+    r = deepseek_routing(
+        int(d["T"]),
+        int(d["E"]),
+        int(d["K"]),
+        int(d["n_group"]),
+        int(d["topk_group"]),
+        seed=seed,
+        device=device,
+    )
+    return {"gating_output": r.logits, "correction_bias": r.bias}
 
 
-def router_logits(t: int, e: int, seed: int, device: str = "cpu") -> torch.Tensor:
-    """fp32 [T, E] gate logits with uneven expert popularity (a fixed per-expert skew for a seed)."""
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    skew = torch.randn(e, generator=g, device=device) * EXPERT_SKEW_STD
-    return torch.randn(t, e, generator=g, device=device) * LOGIT_STD + skew
-
-
-def correction_bias(e: int, seed: int, device: str = "cpu") -> torch.Tensor:
-    """fp32 [E] e_score_correction_bias that partly offsets the popularity skew of router_logits(seed)."""
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    skew = torch.randn(e, generator=g, device=device) * EXPERT_SKEW_STD  # the same draw as router_logits
-    g.manual_seed(seed + 1)
-    noise = torch.randn(e, generator=g, device=device) * BIAS_STD
-    return -BIAS_GAIN * (torch.sigmoid(skew) - 0.5) + noise
+# -- reference math, in float64 ------------------------------------------------------------------------
 
 
 def grouped_choice_scores(
@@ -256,11 +249,7 @@ class MoeFusedGate(_TopK):
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
-        t, e = int(case.dims["T"]), int(case.dims["E"])
-        return {
-            "gating_output": router_logits(t, e, seed, device),
-            "correction_bias": correction_bias(e, seed, device),
-        }
+        return _router_inputs(case, device, seed)
 
     def reference(
         self, inputs: dict[str, Any], case: Case
@@ -330,8 +319,7 @@ class TopkSoftmax(_TopK):
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
-        t, e = int(case.dims["T"]), int(case.dims["E"])
-        return {"gating_output": router_logits(t, e, seed, device)}
+        return {"gating_output": _router_inputs(case, device, seed)["gating_output"]}
 
     def reference(
         self, inputs: dict[str, Any], case: Case
@@ -380,11 +368,7 @@ class TopkSigmoid(_TopK):
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
-        t, e = int(case.dims["T"]), int(case.dims["E"])
-        return {
-            "gating_output": router_logits(t, e, seed, device),
-            "correction_bias": correction_bias(e, seed, device),
-        }
+        return _router_inputs(case, device, seed)
 
     def reference(
         self, inputs: dict[str, Any], case: Case

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from dskbench.adapters import register
-from dskbench.adapters._smallops import SGLANG_SM90, generator
+from dskbench.adapters._smallops import SGLANG_SM90, device_generator, generator
 from dskbench.adapters.base import TOLERANCES, Adapter, Check, Traffic, rel_error
 from dskbench.backends import Backend
 from dskbench.shapes import Case
@@ -53,12 +53,14 @@ class FilterRef:
 
 
 def make_probs(b: int, v: int, gen: torch.Generator, device: str) -> torch.Tensor:
-    logits = torch.randn((b, v), generator=gen)
+    """softmax(logits / T) of unit-normal logits plus a boosted head of 64 candidates per row."""
+    dgen = device_generator(gen, device)
+    logits = torch.randn((b, v), generator=dgen, device=device)
     head = 64
-    idx = torch.randint(0, v, (b, head), generator=gen)
-    strength = 6.0 + 5.0 * torch.rand((b, 1), generator=gen)
-    logits.scatter_add_(1, idx, torch.rand((b, head), generator=gen) * strength)
-    return torch.softmax(logits / TEMPERATURE, dim=-1).to(device)
+    idx = torch.randint(0, v, (b, head), generator=dgen, device=device)
+    strength = 6.0 + 5.0 * torch.rand((b, 1), generator=dgen, device=device)
+    logits.scatter_add_(1, idx, torch.rand((b, head), generator=dgen, device=device) * strength)
+    return torch.softmax(logits / TEMPERATURE, dim=-1)
 
 
 def _cycle(values: tuple[Any, ...], b: int, dtype: torch.dtype, device: str) -> torch.Tensor:

@@ -112,7 +112,7 @@ def _machine_card(m: Machine, categories: Mapping[str, str] | None) -> str:
     out.append("</dl>")
     ceil = ceiling_facts(env.get("ceilings"))
     if ceil:
-        out.append('<dl class="ceil"><dt class="h">measured ceilings</dt><dd></dd>')
+        out.append('<dl class="ceil"><dt class="h">measured ceilings</dt><dd></dd>')  # % peak uses these
         for k, v in ceil:
             out.append(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>")
         out.append("</dl>")
@@ -473,10 +473,10 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#eef0f3;pa
 .card{background:#fff;border:1px solid #e0e3e8;border-radius:8px;padding:14px 18px;margin-bottom:16px}
 .machines{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:16px}
 .machines .card{margin:0}
-.cols{display:flex;gap:28px;flex-wrap:wrap}
+.cols{display:flex;gap:4px 28px;flex-wrap:wrap}
 dl{display:grid;grid-template-columns:max-content 1fr;align-content:start;gap:2px 12px;margin:0 0 10px;font-size:13px;flex:1;min-width:260px}
 dt{color:#6b7280}dd{margin:0;word-break:break-word}
-dl.ceil{flex:0 1 300px}dt.h{font-weight:600;color:#374151}
+dl.ceil{flex:0 1 360px}dt.h{font-weight:600;color:#374151}
 .banner{background:#fff7e6;border:1px solid #f5c26b;color:#8a5300;padding:6px 10px;border-radius:6px;margin:6px 0 10px;font-weight:600}
 .runs{font-size:12px;color:#4b5563;margin:0 0 8px}
 table{border-collapse:collapse;font-size:12.5px;margin:4px 0}

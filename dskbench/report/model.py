@@ -195,15 +195,9 @@ def history(machine: Machine, kernel: str) -> History | None:
 
 # -- metrics -------------------------------------------------------------------------------------------
 
-_BW_NAMES = ("pct_bw", "pct_bw_measured", "pct_measured_bw", "pct_peak_bw", "pct_bandwidth", "pct_dram")
-_FLOP_NAMES = (
-    "pct_flops",
-    "pct_compute",
-    "pct_tflops",
-    "pct_flops_measured",
-    "pct_peak_flops",
-    "pct_peak_tflops",
-)
+# dskbench.measure.metrics names first (measured ceilings, then datasheet), then plausible others.
+_BW_NAMES = ("pct_bw_measured", "pct_bw", "pct_bw_datasheet")
+_FLOP_NAMES = ("pct_compute_measured", "pct_flops", "pct_compute", "pct_compute_datasheet")
 
 
 def pct_of_peak(metrics: Mapping[str, Any] | None) -> tuple[float | None, float | None]:

@@ -249,5 +249,5 @@ svg.chart .series{fill:none;stroke:currentColor;stroke-linejoin:round;stroke-lin
 svg.chart .err{stroke:currentColor;stroke-width:1.2;opacity:.55;fill:none}
 svg.chart .s circle{fill:currentColor;stroke:currentColor}
 svg.chart .s circle.h{fill:#fff}
-svg.chart .thr{fill:none;stroke:#D62728;stroke-width:1.6}
+svg.chart .s circle.thr{fill:none;stroke:#D62728;stroke-width:1.6}
 """

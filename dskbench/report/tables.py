@@ -204,18 +204,58 @@ def environment_facts(env: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def ceiling_facts(ceilings: Any, prefix: str = "") -> list[tuple[str, str]]:
-    """Flattened measured ceilings (whatever their layout): `dram_gbps` -> `3,870`."""
+CEILING_LABELS = {
+    "bandwidth_gbps": ("copy bandwidth", "GB/s"),
+    "bf16_tflops": ("bf16 matmul", "TFLOP/s"),
+    "fp8_tflops": ("fp8 matmul", "TFLOP/s"),
+    "fp4_tflops": ("fp4 matmul", "TFLOP/s"),
+}
+
+
+def ceiling_facts(ceilings: Any) -> list[tuple[str, str]]:
+    """The run's measured ceilings, each with how it was measured and whether to trust it.
+
+    Layout of dskbench.measure.ceilings: scalar ``*_gbps``/``*_tflops`` values plus one detail dict per
+    measurement (``copy``, ``bf16_matmul``...) holding the same number, its op and its flags; a detail
+    with ``error`` is a ceiling that could not be measured. Unknown scalars are shown as they are.
+    """
     if not isinstance(ceilings, Mapping):
-        return [(prefix or "ceiling", _short(ceilings))] if ceilings not in (None, "", {}) else []
+        return []
+    details = {k: v for k, v in ceilings.items() if isinstance(v, Mapping)}
+    used: set[str] = set()
     out: list[tuple[str, str]] = []
     for k, v in ceilings.items():
-        name = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, Mapping):
-            out.extend(ceiling_facts(v, name))
-        elif v is not None:
-            out.append((name, _short(v)))
+        if k in ("gpu", "sm") or isinstance(v, Mapping) or v is None or isinstance(v, bool):
+            continue
+        label, unit = CEILING_LABELS.get(k, (k, ""))
+        if not isinstance(v, int | float):
+            out.append((label, str(v)))
+            continue
+        text = f"{fmt_num(float(v))} {unit}".strip()
+        for name, d in details.items():
+            if name not in used and v in (d.get("gbps"), d.get("tflops")):
+                used.add(name)
+                text += _detail_note(d)
+                break
+        out.append((label, text))
+    for name, d in details.items():
+        if name in used:
+            continue
+        if d.get("error"):
+            out.append((name.replace("_", " "), f"not measured: {d['error']}"))
+        elif isinstance(d.get("gbps") or d.get("tflops"), int | float):
+            val = d.get("gbps") or d.get("tflops")
+            out.append((name.replace("_", " "), f"{fmt_num(float(val))}{_detail_note(d)}"))
     return out
+
+
+def _detail_note(d: Mapping[str, Any]) -> str:
+    notes = [str(d["op"])] if d.get("op") else []
+    if d.get("throttled"):
+        notes.append("⚠ throttled")
+    if d.get("converged") is False:
+        notes.append("not converged")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _short(v: Any) -> str:

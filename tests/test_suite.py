@@ -1,0 +1,341 @@
+"""dskbench.suite (shared by the asv and pytest-benchmark front ends) and the pytest-benchmark suite in
+bench/, on the CPU with the fake kernels of tests/fake_adapters.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dskbench import suite
+from dskbench.results import read_runs
+
+REPO = Path(__file__).resolve().parent.parent
+SHAPES = REPO / "shapes" / "deepseek_r1_nvfp4.yaml"
+
+
+def write_registry(root: Path, entries: dict[str, str]) -> None:
+    """A kernels_registry/ in the format dskbench.registry writes (only the fields it reads)."""
+    reg = root / "kernels_registry"
+    reg.mkdir(parents=True, exist_ok=True)
+    for name, status in entries.items():
+        reason = "host function, no GPU kernel" if status != "benchmark" else "fake"
+        (reg / f"{name}.yaml").write_text(
+            f"name: {name}\naliases: []\nstatus: {status}\nstatus_reason: {reason}\n"
+            "ops:\n- name: input_layernorm\n"
+        )
+
+
+@pytest.fixture()
+def fake_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """DSKBENCH_ROOT with a fake registry; the fake adapters loaded in every subprocess."""
+    root = tmp_path / "root"
+    write_registry(root, {"fake_ok": "benchmark", "fake_wrong": "benchmark", "fake_host": "host-only"})
+    (root / "shapes").mkdir()
+    shutil.copyfile(SHAPES, root / "shapes" / SHAPES.name)
+    monkeypatch.setenv("DSKBENCH_ROOT", str(root))
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
+    monkeypatch.setenv("DSKBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    from dskbench import paths
+
+    monkeypatch.setattr(paths, "REGISTRY_DIR", root / "kernels_registry")
+    monkeypatch.setattr(paths, "SHAPES_FILE", root / "shapes" / SHAPES.name)
+    return root
+
+
+def cpu_selection(**kw) -> suite.Selection:
+    base = dict(device="cpu", sweep="decode", budget="0.02")
+    base.update(kw)
+    return suite.Selection.parse(**base)
+
+
+# -- selection -------------------------------------------------------------------------------------------
+
+
+def test_selection_from_env_parses_every_knob():
+    env = {
+        "DSKBENCH_DEVICE": "cpu",
+        "DSKBENCH_ASV_KERNELS": "rmsnorm, fused_add_rmsnorm",
+        "DSKBENCH_ASV_BACKENDS": "torch-ref",
+        "DSKBENCH_ASV_SWEEP": "all",
+        "DSKBENCH_ASV_QUICK": "1",
+        "DSKBENCH_ASV_TP": "1,8",
+        "DSKBENCH_ASV_MODE": "hot",
+    }
+    sel = suite.Selection.from_env(env)
+    assert sel.kernels == ("rmsnorm", "fused_add_rmsnorm") and sel.backends == ("torch-ref",)
+    assert sel.phases == suite.SWEEPS and sel.tp == (1, 8) and sel.mode == "hot" and sel.quick
+    assert sel.profile == "cpu" and sel.budget_s == 0.2  # a CPU run is always the capped CPU sweep
+    assert "CPU" in sel.label() and "not GPU" in sel.label()
+    opts = sel.options()
+    assert opts.device == "cpu" and opts.isolate and opts.phases == suite.SWEEPS
+    assert suite.Selection.from_json(json.loads(json.dumps(sel.to_json()))) == sel
+
+
+def test_selection_defaults_and_gpu_profiles():
+    sel = suite.Selection.parse(device="cuda")
+    assert sel.phases == ("decode", "prefill") and sel.profile == "full" and sel.budget_s is None
+    assert suite.Selection.parse(device="cuda", quick="yes").profile == "quick"
+    # no NVML on this machine: auto means the CPU
+    assert suite.Selection.from_env({}).device == "cpu"
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"sweep": "decoed"}, "sweep decoed"),
+        ({"mode": "warm"}, "mode 'warm'"),
+        ({"device": "tpu"}, "device 'tpu'"),
+        ({"tp": "1,x"}, "tp"),
+        ({"budget": "fast"}, "budget"),
+    ],
+)
+def test_selection_rejects_bad_values(kw, match):
+    with pytest.raises(suite.SuiteError, match=match):
+        suite.Selection.parse(**kw)
+
+
+# -- results as the front ends see them -------------------------------------------------------------------
+
+
+def test_case_result_flattens_a_record():
+    rec = {
+        "status": "ok",
+        "backend": {"name": "sgl_kernel"},
+        "traffic": {"bytes": 2_000_000, "flops": 4_000_000},
+        "timing": {
+            "median_us": 2.0,
+            "samples_us": [1.0, 2.0, 4.0],
+            "method": "cuda-graph",
+            "clocks_before": {},
+        },
+        "metrics": {"gbps": 1000.0, "tflops": 2.0, "pct_bw_datasheet": 20.8},
+        "clocks": {"throttled": False},
+    }
+    c = suite.case_result(rec)
+    assert c["samples_s"] == [1e-6, 2e-6, 4e-6] and c["median_s"] == 2e-6
+    assert c["gbps"] == 1000.0 and c["tflops"] == 2.0 and c["metrics"]["pct_bw_datasheet"] == 20.8
+    assert "samples_us" not in c["timing"] and "clocks_before" not in c["timing"] and c["throttled"] is False
+    # no metrics from the core: bandwidth from the bytes and the median
+    rec2 = {**rec, "metrics": {}}
+    assert suite.case_result(rec2)["gbps"] == pytest.approx(1000.0)
+    skipped = suite.case_result({"status": "skipped", "reason": "needs sm100", "backend": {"name": "x"}})
+    assert skipped["samples_s"] == [] and skipped["reason"] == "needs sm100" and skipped["gbps"] is None
+
+
+# -- plan ------------------------------------------------------------------------------------------------
+
+
+def test_load_plan_plans_in_a_subprocess_then_reads_the_cache(fake_root, monkeypatch):
+    sel = cpu_selection()
+    plan = suite.load_plan(sel)
+    assert sorted(plan.kernels) == ["fake_ok", "fake_wrong"]
+    assert plan.keys("fake_ok") == [f"fake_ok/input_layernorm/decode/T={t}|torch-ref" for t in (1, 16, 64)]
+    assert {s["kernel"]: s["reason"] for s in plan.skipped}["fake_host"].startswith("host-only")
+    assert plan.kernel_of()["fake_wrong/input_layernorm/decode/T=16|torch-ref"] == "fake_wrong"
+
+    def no_subprocess(*a, **k):
+        raise AssertionError("the cached plan should have been used")
+
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    assert suite.load_plan(sel).to_json() == plan.to_json()
+    # any change to the registry makes a new plan
+    write_registry(fake_root, {"fake_raise": "benchmark"})
+    with pytest.raises(AssertionError, match="cached plan"):
+        suite.load_plan(sel)
+
+
+def test_plan_all_backends_and_errors(fake_root):
+    import tests.fake_adapters  # noqa: F401 - registers the fakes in this process too
+
+    plan = suite.make_plan(cpu_selection(kernels="fake_ok", all_backends=True))
+    assert {k.split("|")[1] for k in plan.keys("fake_ok")} == {"fake", "b200", "torch-ref"}
+    with pytest.raises(suite.SuiteError, match="unknown kernel 'fake_okk'.*did you mean fake_ok"):
+        suite.make_plan(cpu_selection(kernels="fake_okk"))
+    with pytest.raises(suite.SuiteError, match="(?s)planning failed.*unknown backend"):
+        suite.load_plan(cpu_selection(backends="nope"))
+
+
+# -- measuring -------------------------------------------------------------------------------------------
+
+
+def test_measure_kernel_returns_plain_dicts_and_keeps_the_jsonl(fake_root, tmp_path):
+    import pickle
+
+    import tests.fake_adapters  # noqa: F401
+
+    sel = cpu_selection(kernels="fake_ok,fake_wrong", all_backends=True)
+    plan = suite.make_plan(sel)
+    items = plan.items("fake_ok") + plan.items("fake_wrong", {"fake_wrong/input_layernorm/decode/T=1|fake"})
+    out = suite.measure_kernel("fake_ok", items, sel, keep_dir=tmp_path / "kept")
+    cases = out["cases"]
+    assert set(cases) == {suite.item_key(i) for i in items}
+    ok = cases["fake_ok/input_layernorm/decode/T=16|fake"]
+    assert ok["status"] == "ok" and ok["timing"]["method"] == "cpu-wall" and ok["samples_s"]
+    assert ok["gbps"] == pytest.approx(ok["bytes"] / ok["median_s"] / 1e9)
+    assert cases["fake_ok/input_layernorm/decode/T=16|b200"]["reason"].startswith("needs sm100")
+    assert cases["fake_wrong/input_layernorm/decode/T=1|fake"]["status"] == "wrong"
+    # the kept file is the runner's, and the samples are its samples, converted to seconds
+    (run,) = read_runs([out["jsonl"]])
+    rec = next(r for r in run.results if r["case_id"].endswith("T=16") and r["backend"]["name"] == "fake")
+    assert ok["samples_s"] == [x * 1e-6 for x in rec["timing"]["samples_us"]]
+    assert pickle.loads(pickle.dumps(out)) == out  # asv pickles what setup_cache returns
+
+
+def test_child_env_puts_this_dskbench_first(monkeypatch):
+    """Planner and workers import the same dskbench as the front end, installed or not."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    env = suite.child_env()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    assert "PYTHONPATH" not in os.environ
+
+
+# -- pytest-benchmark ------------------------------------------------------------------------------------
+
+
+def test_replay_clock_yields_each_sample_exactly():
+    clock = suite.ReplayClock()
+    clock.load([3e-6, 1e-6])
+    got = []
+    for _ in range(2):  # what pytest-benchmark's runner does per round
+        start = clock()
+        clock.step()
+        got.append(clock() - start)
+    assert got == [3e-6, 1e-6]
+    with pytest.raises(RuntimeError, match="more rounds than samples"):
+        clock.step()
+
+
+def _run_pytest(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_replay_feeds_pytest_benchmark_statistics(tmp_path):
+    """Unit check of the trick itself: the JSON holds the given samples, not host time."""
+    (tmp_path / "test_replay.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            import pytest
+            from dskbench import suite
+
+            @pytest.mark.benchmark(timer=suite.REPLAY_CLOCK)
+            def test_it(benchmark):
+                benchmark.extra_info["bytes"] = 123
+                suite.replay(benchmark, [5e-6, 1e-6, 3e-6])
+
+            def test_needs_the_marker(benchmark):
+                with pytest.raises(RuntimeError, match="REPLAY_CLOCK"):
+                    suite.replay(benchmark, [1e-6])
+                benchmark(time.sleep, 0)
+            """
+        )
+    )
+    out = tmp_path / "b.json"
+    p = _run_pytest(["test_replay.py", f"--benchmark-json={out}"], tmp_path, suite.child_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    bench = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}["test_it"]
+    assert bench["stats"]["data"] == [5e-6, 1e-6, 3e-6] and bench["stats"]["median"] == 3e-6
+    assert bench["options"]["timer"] == "dskbench_gpu_replay_clock" and bench["extra_info"] == {"bytes": 123}
+
+
+SLEEP_ADAPTER = '''
+"""A fake kernel whose reference sleeps FAKE_SLEEP_US microseconds (a deterministic slowdown)."""
+import os, time
+import torch
+from dskbench.adapters import register
+from dskbench.adapters.base import Adapter, Traffic
+
+@register
+class FakeSleep(Adapter):
+    kernel = "fake_sleep"
+    role = "norm"
+
+    def make_inputs(self, case, device, seed):
+        return {"x": torch.ones(case.dims["T"], 8)}
+
+    def reference(self, inputs, case):
+        time.sleep(float(os.environ.get("FAKE_SLEEP_US", "0")) * 1e-6)
+        return inputs["x"] * 2
+
+    def traffic(self, case):
+        return Traffic(bytes=64 * case.dims["T"], flops=8 * case.dims["T"])
+'''
+
+
+def test_pytest_benchmark_suite_on_cpu(fake_root, tmp_path):
+    """bench/ end to end on the CPU: JSON with our samples and extra_info; compare-fail on a slowdown."""
+    write_registry(fake_root, {"fake_sleep": "benchmark"})
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "fake_sleep_adapter.py").write_text(SLEEP_ADAPTER)
+    env = suite.child_env()
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path / "mods")
+    env["DSKBENCH_EXTRA_ADAPTERS"] = "tests.fake_adapters,fake_sleep_adapter"
+    storage = tmp_path / "storage"
+    common = [
+        str(REPO / "bench"),
+        "--dskbench-device=cpu",
+        "--dskbench-sweep=decode",
+        "--dskbench-kernel=fake_ok",
+        "--dskbench-kernel=fake_sleep",
+        "--dskbench-budget=0.05",
+        f"--dskbench-jsonl-dir={tmp_path / 'jsonl'}",
+        "-k",
+        "not 64",
+        f"--benchmark-storage=file://{storage}",
+        "-rs",
+    ]
+    out = tmp_path / "run1.json"
+    p = _run_pytest(
+        [*common, f"--benchmark-json={out}", "--benchmark-autosave"], REPO, {**env, "FAKE_SLEEP_US": "300"}
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "dskbench: CPU: torch reference" in p.stdout
+    assert (
+        "needs sm100 (found no CUDA GPU)" in p.stdout
+    )  # GPU-only parametrisations: skipped, with the reason
+    data = json.loads(out.read_text())
+    assert data["machine_info"]["dskbench"]["device"] == "cpu" and data["machine_info"]["gpu"] is None
+    benches = {b["param"]: b for b in data["benchmarks"]}
+    assert set(benches) == {
+        f"{k}/input_layernorm/decode/T={t}|{b}"
+        for k, bs in (("fake_ok", ("fake", "torch-ref")), ("fake_sleep", ("torch-ref",)))
+        for t in (1, 16)
+        for b in bs
+    }
+    b = benches["fake_sleep/input_layernorm/decode/T=16|torch-ref"]
+    assert b["group"].startswith("CPU reference: ") and b["options"]["timer"] == "dskbench_gpu_replay_clock"
+    assert b["extra_info"]["bytes"] == 64 * 16 and b["extra_info"]["timing_method"] == "cpu-wall"
+    assert b["extra_info"]["gbps"] == pytest.approx(64 * 16 / b["extra_info"]["median_us"] / 1e3)
+    # the statistics are the core's samples, exactly (host time around the replay would differ)
+    (run,) = read_runs([b["extra_info"]["jsonl"]])
+    rec = next(r for r in run.results if f"{r['case_id']}|{r['backend']['name']}" == b["param"])
+    assert b["stats"]["data"] == [x * 1e-6 for x in rec["timing"]["samples_us"]]
+    assert b["stats"]["median"] > 300e-6
+
+    # a 10x slower kernel fails --benchmark-compare-fail against the saved run
+    p2 = _run_pytest(
+        [
+            *common,
+            "-k",
+            "fake_sleep and not 64",
+            "--benchmark-compare",
+            "--benchmark-compare-fail=median:50%",
+        ],
+        REPO,
+        {**env, "FAKE_SLEEP_US": "3000"},
+    )
+    assert p2.returncode != 0 and "Performance has regressed" in p2.stdout + p2.stderr, p2.stdout[-3000:]
