@@ -58,6 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
 
+    cmp_ = sub.add_parser("compare", help="noise-aware comparison of two sets of results (ours or asv)")
+    cmp_.add_argument(
+        "old", type=Path, help="results file/folder, asv results file, or ASV_RESULTS_DIR@COMMIT"
+    )
+    cmp_.add_argument("new", type=Path, help="the same, for the new side")
+    cmp_.add_argument(
+        "--threshold", type=float, default=0.05, help="relative change that counts (default 0.05)"
+    )
+    cmp_.add_argument("--no-fail", action="store_true", help="exit 0 even when something regressed")
+    cmp_.add_argument("-v", "--verbose", action="store_true", help="list unchanged cases too")
+
     rep = sub.add_parser("report", help="HTML and Markdown report of results files")
     rep.add_argument("results", nargs="+", type=Path)
     rep.add_argument("--out", type=Path, required=True, help="output folder")
@@ -77,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "compare":
+            from dskbench.compare import cli_compare
+
+            return cli_compare([args.old], [args.new], args.threshold, not args.no_fail, args.verbose)
     except KeyboardInterrupt:
         print("interrupted; results written so far are kept", file=sys.stderr)
         return 130

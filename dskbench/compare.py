@@ -15,8 +15,9 @@ The rule (modelled on nvbench-compare and asv compare, one rule for both formats
      (asv's ``is_different`` uses the same test). Without any spread the threshold alone decides.
 * Beyond the threshold but inside the noise is reported as ``~slower`` / ``~faster``, never failing.
 * Status changes: ok -> wrong or error is a regression (``broke``), wrong/error -> ok an improvement
-  (``fixed``). ok -> skipped (``now skipped``) is shown but does not fail: a skip is decided by the
-  machine or the install, not by the kernel's code. Cases on one side only are ``added``/``missing``.
+  (``fixed``). ok -> skipped (``now skipped``), skipped -> wrong/error (``now failing``) and
+  skipped -> ok (``now measured``) are shown but do not fail: a skip is decided by the machine or the
+  install, so there is no baseline to regress from. Cases on one side only are ``added``/``missing``.
 * Latency: lower is better. asv values whose unit ends in ``/s`` (GB/s, TFLOP/s) count higher as
   better (asv itself treats every bigger number as worse, asv#1617).
 """
@@ -49,7 +50,9 @@ VERDICT_ORDER = (
     "now skipped",
     "missing",
     "still failing",
+    "now failing",
     "fixed",
+    "now measured",
     "faster",
     "~faster",
     "added",
@@ -220,6 +223,10 @@ def judge(old: Stat | None, new: Stat | None, threshold: float = 0.05) -> tuple[
         return "still failing", None, f"{new.status}: {new.reason}"[:200]
     if old.status == "ok" and new.status == "skipped":
         return "now skipped", None, new.reason[:200]
+    if old.status == "skipped" and new.status in failing:
+        return "now failing", None, f"{new.status}: {new.reason}"[:200]
+    if old.status == "skipped" and new.status == "ok":
+        return "now measured", None, ""
     if new.status != "ok" or old.status != "ok" or not old.value or new.value is None:
         return "skipped", None, ""
     change = new.value / old.value - 1.0

@@ -64,6 +64,7 @@ def versions() -> dict[str, str | None]:
 def device_block(device: DeviceInfo) -> dict[str, Any]:
     block: dict[str, Any] = {"kind": device.kind, "name": device.name, "sm": device.sm, "count": device.count}
     if device.kind != "cuda":
+        block["name"] = f"CPU {socket.gethostname()}"  # CPU timings of two hosts never share a series
         block["cpu"] = platform.processor() or platform.machine()
         block["cores"] = os.cpu_count()
         return block

@@ -51,6 +51,7 @@ class WorkItem:
     kernel: str
     backend: str
     case: dict[str, Any]
+    category: str | None = None
 
     @property
     def case_id(self) -> str:
@@ -62,6 +63,7 @@ class WorkItem:
         return {
             "case_id": self.case_id,
             "kernel": self.kernel,
+            "category": self.category,
             "op": c["op"],
             "variant": c.get("variant"),
             "phase": c["phase"],
@@ -137,7 +139,7 @@ def plan_sweep(
                 if not adapter.applies(case):
                     continue
                 for b in chosen:
-                    items.append(WorkItem(len(items), name, b.name, case.to_json()))
+                    items.append(WorkItem(len(items), name, b.name, case.to_json(), entry.category))
     if backends:
         unknown = sorted(set(backends) - known_backends)
         if unknown:

@@ -72,6 +72,9 @@ def test_status_changes():
     assert judge(wrong, err)[0] == "still failing"
     assert judge(ok(1.0), skip)[0] == "now skipped"
     assert judge(skip, skip)[0] == "skipped"
+    assert judge(skip, err)[0] == "now failing"
+    assert judge(skip, ok(1.0))[0] == "now measured"
+    assert not any(judge(skip, x)[0] in ("broke", "slower") for x in (err, wrong, ok(1.0)))
     assert judge(None, ok(1.0))[0] == "added"
     assert judge(ok(1.0), None)[0] == "missing"
 

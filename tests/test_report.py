@@ -228,6 +228,15 @@ def test_svg_chart_is_valid_and_scaled():
     xs = [float(v) for v in re.findall(r"[ML]([\d.]+) ", path.get("d"))]
     gaps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
     assert max(gaps) - min(gaps) < 0.2  # powers of 4 are evenly spaced on a log axis
+    # a wild p90 (a noisy CPU sample) widens the range by at most 3x and is clipped at the plot's edge
+    wild = [svg.Series("a", "#000", [svg.Point(1, 10.0, 9.0, 20_000.0), svg.Point(2, 20.0, 19.0, 21.0)])]
+    root = ET.fromstring(svg.line_chart(wild, "t", svg.Axis("T"), svg.Axis("us")))
+    ticks = [float(t.text) for t in root.iter(f"{SVG_NS}text") if t.get("class") == "yt"]
+    assert max(ticks) <= 60
+    bar = next(p for p in root.iter(f"{SVG_NS}path") if p.get("class") == "err").get("d")
+    plot = next(root.iter(f"{SVG_NS}rect"))
+    top = float(plot.get("y"))
+    assert min(float(v) for v in re.findall(r"V([\d.]+)", bar)) >= top
     empty = svg.line_chart([], "t", svg.Axis("T"), svg.Axis("us"))
     assert "no data" in empty
     ET.fromstring(empty)
@@ -246,3 +255,21 @@ def test_ticks_and_numbers():
         "1,234",
         "–",
     ]
+
+
+def test_minimal_records_render(tmp_path: Path):
+    """Records as a crashed worker or a bare run leaves them: no op, point, metrics, clocks or git."""
+    from dskbench.results import Run, environment_record, result_record
+
+    env = environment_record(
+        "m", created="2026-01-01T00:00:00+00:00", device={"kind": "cuda", "name": "GPU X"}, versions={}
+    )
+    recs = [
+        result_record("m", "error", case_id="k/op/decode/T=1", kernel="k", backend={"name": "b"}, reason="worker died"),
+        result_record("m", "ok", case_id="k/op/decode/T=2", kernel="k", op="op", phase="decode", point={"T": 2},
+                      backend={"name": "b"}, timing={"median_us": 3.0}),
+    ]  # fmt: skip
+    page, md = write_report([Run(env, recs)], tmp_path, categories={})
+    text = page.read_text()
+    assert "worker died" in text and "GPU X" in text and 'data-points="1"' in text
+    assert "| 2 | b | 3.00 | – |" in md.read_text()

@@ -134,6 +134,7 @@ def test_case_result_flattens_a_record():
 
 def test_load_plan_plans_in_a_subprocess_then_reads_the_cache(fake_root, monkeypatch):
     sel = cpu_selection()
+    fingerprint = suite.plan_fingerprint(sel)
     plan = suite.load_plan(sel)
     assert sorted(plan.kernels) == ["fake_ok", "fake_wrong"]
     assert plan.keys("fake_ok") == [f"fake_ok/input_layernorm/decode/T={t}|torch-ref" for t in (1, 16, 64)]
@@ -143,12 +144,22 @@ def test_load_plan_plans_in_a_subprocess_then_reads_the_cache(fake_root, monkeyp
     def no_subprocess(*a, **k):
         raise AssertionError("the cached plan should have been used")
 
+    # (pinned: dskbench's own sources are part of the fingerprint, and may be edited meanwhile)
+    monkeypatch.setattr(suite, "plan_fingerprint", lambda s: fingerprint)
     monkeypatch.setattr(subprocess, "run", no_subprocess)
     assert suite.load_plan(sel).to_json() == plan.to_json()
-    # any change to the registry makes a new plan
+    monkeypatch.undo()
+
+
+def test_plan_fingerprint_covers_selection_registry_and_extra_adapters(fake_root, monkeypatch):
+    sel = cpu_selection()
+    before = suite.plan_fingerprint(sel)
     write_registry(fake_root, {"fake_raise": "benchmark"})
-    with pytest.raises(AssertionError, match="cached plan"):
-        suite.load_plan(sel)
+    after = suite.plan_fingerprint(sel)
+    assert after != before
+    assert suite.plan_fingerprint(cpu_selection(sweep="prefill")) != after
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", "")
+    assert suite.plan_fingerprint(sel) != after
 
 
 def test_plan_all_backends_and_errors(fake_root):

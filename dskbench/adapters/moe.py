@@ -141,11 +141,16 @@ class ExpertWeights:
     def n(self) -> int:
         return int(self.w.shape[1])
 
+    def key(self, e: int) -> tuple[int, int]:
+        """Storage identity of expert e: experts sharing it (the CPU slab) have equal keys."""
+        se = self.scale[e].data_ptr() if self.scale is not None else 0
+        return (self.w[e].data_ptr(), se)
+
     def dequant(self, e: int, cache: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
-        """Expert e as fp32 [N, K]; experts that share storage (the CPU slab) are dequantised once."""
+        """Expert e as fp32 [N, K], dequantised once per distinct storage."""
         we = self.w[e]
         se = self.scale[e] if self.scale is not None else None
-        key = (we.data_ptr(), se.data_ptr() if se is not None else 0)
+        key = self.key(e)
         if key not in cache:
             if self.fmt == "bf16":
                 cache[key] = we.float()
@@ -180,10 +185,12 @@ def make_expert_weights(
         )
         int4_std = 4.6  # std of a uniform int in [-8, 7]
         s = _per_expert(
-            lambda m: _uniform((m, n, k // GROUP), gen, device, 0.75 * std / int4_std, 1.25 * std / int4_std),
+            lambda m: _uniform(
+                (m, n, k // GROUP), gen, device, 0.75 * std / int4_std, 1.25 * std / int4_std
+            ).to(BF16),
             num_experts,
             device,
-        ).to(BF16)
+        )
         return ExpertWeights(fmt, w, s)
     raise ValueError(f"unknown MoE weight format {fmt!r}")
 
@@ -246,10 +253,10 @@ def moe_gemm_reference(
     flat = topk_ids.flatten().long()
     out = torch.zeros(t * k, weights.n, dtype=torch.float32, device=a.device)
     cache: dict[tuple[int, int], torch.Tensor] = {}
-    for e in torch.unique(flat).tolist():
-        slots = (flat == e).nonzero().squeeze(1)
+    for experts in _share_groups(torch.unique(flat).tolist(), weights):
+        slots = torch.isin(flat, torch.tensor(experts, device=flat.device)).nonzero().squeeze(1)
         rows = slots // k if gate_up else slots
-        out[slots] = a[rows] @ weights.dequant(e, cache).t()
+        out[slots] = a[rows] @ weights.dequant(experts[0], cache).t()
     if gate_up:
         return out
     assert topk_weights is not None
@@ -261,10 +268,19 @@ def grouped_gemm_reference(a: torch.Tensor, offsets: torch.Tensor, weights: Expe
     out = torch.zeros(a.shape[0], weights.n, dtype=torch.float32, device=a.device)
     cache: dict[tuple[int, int], torch.Tensor] = {}
     off = offsets.tolist()
-    for e in range(len(off) - 1):
-        if off[e + 1] > off[e]:
-            out[off[e] : off[e + 1]] = a[off[e] : off[e + 1]] @ weights.dequant(e, cache).t()
+    used = [e for e in range(len(off) - 1) if off[e + 1] > off[e]]
+    for experts in _share_groups(used, weights):
+        rows = torch.cat([torch.arange(off[e], off[e + 1]) for e in experts]).to(a.device)
+        out[rows] = a[rows] @ weights.dequant(experts[0], cache).t()
     return out
+
+
+def _share_groups(experts: list[int], *weights: ExpertWeights) -> list[list[int]]:
+    """Experts grouped by shared weight storage (one group per expert on a GPU, one on the CPU slab)."""
+    groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    for e in experts:
+        groups.setdefault(tuple(w.key(e) for w in weights), []).append(e)
+    return list(groups.values())
 
 
 def _exact_check(
@@ -1118,13 +1134,13 @@ def moe_layer_reference(
     out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
     c13: dict[tuple[int, int], torch.Tensor] = {}
     c2: dict[tuple[int, int], torch.Tensor] = {}
-    for e in torch.unique(ids).tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        h = x[tok] @ w13.dequant(e, c13).t()
+    for experts in _share_groups(torch.unique(ids).tolist(), w13, w2):
+        tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
+        h = x[tok] @ w13.dequant(experts[0], c13).t()
         act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
         if fp8_intermediate:
             act = _quant_dequant_groups(act)
-        out.index_add_(0, tok, (act @ w2.dequant(e, c2).t()) * weights[tok, slot].unsqueeze(1))
+        out.index_add_(0, tok, (act @ w2.dequant(experts[0], c2).t()) * weights[tok, slot].unsqueeze(1))
     return out
 
 

@@ -52,14 +52,19 @@ class FilterRef:
     base: torch.Tensor | None = None  # input probs on `may`, to renormalise over the kernel's own set
 
 
-def make_probs(b: int, v: int, gen: torch.Generator, device: str) -> torch.Tensor:
-    """softmax(logits / T) of unit-normal logits plus a boosted head of 64 candidates per row."""
+def make_probs(
+    b: int, v: int, gen: torch.Generator, device: str, lead: tuple[float, float] = (0.0, 0.0)
+) -> torch.Tensor:
+    """softmax(logits / T) of unit-normal logits plus a boosted head of 64 candidates per row (boost up
+    to 6..11, drawn per row); one head token gets a further boost drawn in `lead` (confident rows)."""
     dgen = device_generator(gen, device)
     logits = torch.randn((b, v), generator=dgen, device=device)
     head = 64
     idx = torch.randint(0, v, (b, head), generator=dgen, device=device)
     strength = 6.0 + 5.0 * torch.rand((b, 1), generator=dgen, device=device)
-    logits.scatter_add_(1, idx, torch.rand((b, head), generator=dgen, device=device) * strength)
+    boost = torch.rand((b, head), generator=dgen, device=device) * strength
+    boost[:, 0] += lead[0] + (lead[1] - lead[0]) * torch.rand(b, generator=dgen, device=device)
+    logits.scatter_add_(1, idx, boost)
     return torch.softmax(logits / TEMPERATURE, dim=-1)
 
 

@@ -565,7 +565,7 @@ class TreeSpeculativeSamplingAdapter(Adapter):
         sd, (r_index, r_next, r_sib) = _verify_tree(case, gen)
         # Target distributions: tempered softmax, top-p renormalised (eagle_sample), sparse.
         rows = sd.b * sd.draft
-        probs = make_probs(rows, sd.v, gen, device)
+        probs = make_probs(rows, sd.v, gen, device, lead=(2.0, 10.0))
         nominal, _, _ = top_p_sets(probs, torch.full((rows,), TOP_P, device=device))
         kept = probs * nominal
         target = (kept / kept.sum(-1, keepdim=True)).view(sd.b, sd.draft, sd.v)

@@ -23,6 +23,7 @@ from dskbench.report.model import (
     gbps,
     history,
     panels,
+    slug,
     status_counts,
 )
 from dskbench.report.tables import (
@@ -38,6 +39,7 @@ from dskbench.report.tables import (
 )
 
 STATUS_ORDER = ("ok", "wrong", "skipped", "error")
+COMPUTE_INTENSITY = 4.0  # FLOPs per byte above which the compute chart is drawn
 OPEN_TABLE_ROWS = 12  # longer tables start collapsed, so the charts of a kernel stay in view
 X_LABELS = {"T": "T (tokens)", "B": "B (requests)", "kv_len": "kv_len (tokens)", "tp": "TP degree"}
 
@@ -184,7 +186,7 @@ def _changes_section(
             "</tr></thead><tbody>"
         )
         for k, n, slower, faster, noisy, worst, best in rows:
-            anchor = f"{m.slug}--{_slug(k)}"
+            anchor = f"{m.slug}--{slug(k)}"
             parts.append(
                 f'<tr><td><a href="#{anchor}">{e(k)}</a></td><td class=n>{n}</td>'
                 f'<td class="n{" bad" if slower else ""}">{len(slower)}</td>'
@@ -204,10 +206,6 @@ def _change_cell(c: tuple | None) -> str:
 
 def _short_case(case: str) -> str:
     return case.split("/", 1)[1] if "/" in case else case
-
-
-def _slug(s: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in s).strip("-").lower()
 
 
 # -- one kernel ------------------------------------------------------------------------------------------
@@ -234,7 +232,7 @@ def _kernel_section(
         if n_slow:
             regress = f'<span class="b bad">{n_slow} regressions vs {e(h.commits[-2][1])}</span>'
     out = [
-        f'<details class="kernel" id="{m.slug}--{_slug(kernel)}" data-name="{e(kernel.lower())} {e(cat.lower())}"'
+        f'<details class="kernel" id="{m.slug}--{slug(kernel)}" data-name="{e(kernel.lower())} {e(cat.lower())}"'
         f' data-bad="{1 if bad else 0}"><summary><span class="kname">{e(kernel)}</span>'
         f'<span class="cat">{e(cat)}</span>{badges}{regress}'
         f'<span class="bk">{e(", ".join(backends))}</span></summary><div class="body">'
@@ -294,7 +292,7 @@ def _panel(p: Panel, colors: dict[str, str], is_cpu: bool, all_recs: list[dict[s
         charts.append(
             svg.line_chart(bw_series, "bandwidth", x_axis, svg.Axis("GB/s"), width=400, ref_line=ceiling)
         )
-    if any(s.points for s in tf_series):
+    if any(s.points for s in tf_series) and _compute_heavy(rows):
         charts.append(svg.line_chart(tf_series, "compute", x_axis, svg.Axis("TFLOP/s"), width=400))
     legend = []
     for backend, recs in p.ok.items():
@@ -312,6 +310,16 @@ def _panel(p: Panel, colors: dict[str, str], is_cpu: bool, all_recs: list[dict[s
         f'<div class="panel">{head}<div class="legend">{"".join(legend)}</div>'
         f'<div class="charts">{"".join(charts)}</div>{_results_table(p, rows)}</div>'
     )
+
+
+def _compute_heavy(rows: list[Row]) -> bool:
+    """Whether a TFLOP/s chart says anything: some case does >= 4 FLOPs per byte (GEMM, attention),
+    not the nominal FLOPs of an elementwise kernel."""
+    for r in rows:
+        t = r.rec.get("traffic") or {}
+        if (t.get("flops") or 0) >= COMPUTE_INTENSITY * max(t.get("bytes") or 0, 1):
+            return True
+    return False
 
 
 def _log_ok(xs: list[float]) -> bool:

@@ -151,7 +151,12 @@ def line_chart(
     if not pts:
         return head + f'<text class="empty" x="{width / 2}" y="{height / 2}">no data</text></svg>'
     xs = [p.x for p in pts]
-    ys = [v for p in pts for v in (p.y, p.lo, p.hi) if v is not None and _finite(v) and (not y.log or v > 0)]
+    # The range follows the points; error bars widen it by at most 3x (a wild p90 on a noisy machine
+    # would squash every line into the floor), and are clipped at the plot's edge beyond that.
+    centres = [p.y for p in pts]
+    lo_cap, hi_cap = min(centres) / 3 if min(centres) > 0 else -math.inf, max(centres) * 3
+    bars = [v for p in pts for v in (p.lo, p.hi) if _finite(v) and (not y.log or v > 0)]  # type: ignore[arg-type]
+    ys = centres + [v for v in bars if lo_cap <= v <= hi_cap]  # type: ignore[operator]
     if ref_line is not None:
         ys.append(ref_line)
     ys.extend(v for v in y_include if not y.log or v > 0)
@@ -193,16 +198,20 @@ def line_chart(
         f'<text class="yl" transform="translate(13 {mt + ph / 2}) rotate(-90)">{escape(y.label)}</text>'
     )
     for s in series:
-        parts.append(_series(s, sx, sy, y.log))
+        parts.append(_series(s, sx, sy, y.log, (mt, mt + ph)))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _clamp(v: float, bounds: tuple[float, float]) -> float:
+    return min(max(v, bounds[0]), bounds[1])
 
 
 def _finite(v: float | None) -> bool:
     return v is not None and math.isfinite(v)
 
 
-def _series(s: Series, sx: _Scale, sy: _Scale, log_y: bool) -> str:
+def _series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, clip: tuple[float, float]) -> str:
     ok = [p for p in sorted(s.points, key=lambda p: p.x) if _finite(p.y) and (not log_y or p.y > 0)]
     if not ok:
         return ""
@@ -213,7 +222,7 @@ def _series(s: Series, sx: _Scale, sy: _Scale, log_y: bool) -> str:
         f'<path class="series" d="{d}" stroke-width="{s.width}"><title>{escape(s.name)}</title></path>'
     )
     bars = [
-        f"M{sx(p.x):.1f} {sy(p.lo):.1f}V{sy(p.hi):.1f}"
+        f"M{sx(p.x):.1f} {_clamp(sy(p.lo), clip):.1f}V{_clamp(sy(p.hi), clip):.1f}"
         for p in ok
         if _finite(p.lo) and _finite(p.hi) and (not log_y or (p.lo > 0 and p.hi > 0))  # type: ignore[operator]
     ]
@@ -230,7 +239,7 @@ def _series(s: Series, sx: _Scale, sy: _Scale, log_y: bool) -> str:
             else:
                 out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3"{cls}/>')
             if p.ring:
-                out.append(f'<circle class="thr" cx="{cx:.1f}" cy="{cy:.1f}" r="6.5"/>')
+                out.append(f'<circle class="thr" cx="{cx:.1f}" cy="{cy:.1f}" r="7.5"/>')
     out.append("</g>")
     return "".join(out)
 

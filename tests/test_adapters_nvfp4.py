@@ -1,0 +1,598 @@
+"""NVFP4 adapters (sm100 kernels and their Hopper Marlin rows), on CPU: inputs, references, checks,
+traffic, arch gating, and what each bind hands the kernel (GPU libraries replaced by recording stubs)."""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import sys
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from dskbench import nvfp4 as fp4
+from dskbench.adapters import adapters, get_adapter
+from dskbench.adapters import nvfp4 as A
+from dskbench.backends import DeviceInfo
+from dskbench.shapes import Case, default_shapes
+
+KERNELS = (
+    "cutlass_scaled_fp4_mm",
+    "mm_fp4",
+    "scaled_fp4_quant",
+    "fp4_quantize",
+    "mxfp4_quantize",
+    "nvfp4_block_scale_interleave",
+    "scaled_fp4_experts_quant",
+    "cutlass_fp4_group_mm",
+    "trtllm_fp4_block_scale_moe",
+)
+NVFP4_OPS = ("o_proj", "gate_up_proj", "down_proj", "shared_experts", "experts")
+H100 = DeviceInfo("cuda", "NVIDIA H100", 90, 1)
+B200 = DeviceInfo("cuda", "NVIDIA B200", 100, 1)
+TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# The only backends of these kernels that run on Hopper: Marlin (the Hopper path) and a weight-prep kernel.
+RUNS_ON_SM90 = {
+    ("cutlass_scaled_fp4_mm", "sglang_jit.marlin"),
+    ("cutlass_fp4_group_mm", "sglang_jit.marlin_moe"),
+    ("cutlass_fp4_group_mm", "sglang.fused_marlin_moe"),
+    ("nvfp4_block_scale_interleave", "flashinfer"),
+}
+
+
+def small_moe_case(kernel: str, t: int = 5) -> Case:
+    dims = {"T": t, "H": 128, "I": 64, "E": 16, "K": 8, "weight": "nvfp4"}
+    return Case(kernel, "experts", "decode", {"T": t}, dims)
+
+
+def small_gemm_case(kernel: str, m: int = 3, n: int = 128, k: int = 64) -> Case:
+    return Case(kernel, "o_proj", "decode", {"T": m}, {"M": m, "K": k, "N": n, "weight": "nvfp4"})
+
+
+def cpu_cases(kernel: str, op: str, phase: str = "decode") -> list[Case]:
+    a = get_adapter(kernel)
+    return [c for c in default_shapes().cases(kernel, [op], a.role, phase, profile="cpu") if a.applies(c)]
+
+
+# -- registration, targets, gating ------------------------------------------------------------------
+
+
+def test_every_kernel_has_its_adapter() -> None:
+    reg = adapters()
+    for k in KERNELS:
+        assert k in reg and reg[k].__module__ == "dskbench.adapters.nvfp4"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_backend_targets_are_well_formed(kernel: str) -> None:
+    backends = get_adapter(kernel).backends
+    assert len({b.name for b in backends}) == len(backends)
+    for b in backends:
+        for t in (b.target, *b.fallbacks):
+            assert TARGET.match(t), t
+        assert b.package in {"flashinfer-python", "sglang-kernel", "sglang"}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_sm100_backends_are_gated_on_hopper(kernel: str) -> None:
+    for b in get_adapter(kernel).backends:
+        if (kernel, b.name) in RUNS_ON_SM90:
+            assert b.requires.reason_unmet(H100) is None
+            continue
+        reason = b.requires.reason_unmet(H100)
+        assert reason is not None and reason.startswith("needs sm100") and reason.endswith("(found sm90)")
+        assert b.requires.reason_unmet(B200) is None
+        assert b.requires.reason_unmet(DeviceInfo("cpu")) is not None
+
+
+def test_every_nvfp4_op_has_a_hopper_row() -> None:
+    covered = set()
+    for k in KERNELS:
+        a = get_adapter(k)
+        hopper = [b for b in a.backends if (b.label or "").startswith("Hopper path:")]
+        for b in hopper:
+            assert b.extra.get("numerics") == "w4a16" and (k, b.name) in RUNS_ON_SM90
+        if hopper:
+            covered.update(a.ops)
+    assert covered >= set(NVFP4_OPS)
+
+
+def test_gemm_applies_only_to_nvfp4_projections() -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    s = default_shapes()
+    ops = ["o_proj", "q_b_proj", "fused_qkv_a_proj_with_mqa", "gate", "shared_experts", "down_proj"]
+    kept = {c.op for c in s.cases(a.kernel, ops, "gemm", "decode", profile="cpu") if a.applies(c)}
+    assert kept == {"o_proj", "shared_experts", "down_proj"}
+    quant = get_adapter("scaled_fp4_quant")
+    kept = {c.op for c in s.cases(quant.kernel, ops, "quant", "decode", profile="cpu") if quant.applies(c)}
+    assert kept == {"o_proj", "shared_experts", "down_proj"}
+
+
+def test_block_scale_interleave_runs_once_per_weight() -> None:
+    a = get_adapter("nvfp4_block_scale_interleave")
+    s = default_shapes()
+    cases = [c for c in s.cases(a.kernel, list(a.ops), "gemm", "decode", profile="cpu") if a.applies(c)]
+    assert sorted((c.op, c.variant) for c in cases) == sorted(
+        [("o_proj", None), ("gate_up_proj", None), ("down_proj", None), ("shared_experts", "gate_up"),
+         ("shared_experts", "down")]
+    )  # fmt: skip
+    assert not [c for c in s.cases(a.kernel, list(a.ops), "gemm", "prefill", profile="cpu") if a.applies(c)]
+
+
+# -- inputs at DeepSeek shapes ------------------------------------------------------------------------
+
+
+def test_gemm_inputs_at_o_proj() -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    case = cpu_cases(a.kernel, "o_proj")[0]  # T = 1, K = 16384, N = 7168
+    x = a.make_inputs(case, "cpu", 0)
+    assert x["x"].dtype == torch.bfloat16 and x["x"].shape == (1, 16384)
+    assert x["x_fp4"].dtype == torch.uint8 and x["x_fp4"].shape == (1, 8192)
+    assert x["x_sf"].dtype == torch.float8_e4m3fn and x["x_sf"].shape == (1, 1024)
+    assert x["w"].dtype == torch.uint8 and x["w"].shape == (7168, 8192)
+    assert x["w_sf"].dtype == torch.float8_e4m3fn and x["w_sf"].shape == (7168, 1024)
+    for name in ("weight_scale_2", "input_scale", "alpha"):
+        assert x[name].dtype == torch.float32 and x[name].numel() == 1
+    assert torch.allclose(x["alpha"], x["input_scale"] * x["weight_scale_2"])
+    assert torch.isclose(x["input_scale"] * 448 * 6, x["x"].float().abs().max())
+    assert x["w_sf"].float().min() > 0 and x["w_sf"].float().max() <= 448
+
+
+def test_quant_inputs_cover_the_shared_expert_down_input() -> None:
+    a = get_adapter("scaled_fp4_quant")
+    cases = {c.variant: c for c in cpu_cases(a.kernel, "shared_experts") if c.point["T"] == 1}
+    assert cases["down"].dims["K"] == 2048 and cases["gate_up"].dims["K"] == 7168
+    x = a.make_inputs(cases["down"], "cpu", 0)
+    assert x["x"].dtype == torch.bfloat16 and x["x"].shape == (1, 2048)
+    assert x["global_scale"].dtype == torch.float32 and x["global_scale"].shape == (1,)
+
+
+def test_moe_inputs_at_deepseek_shape() -> None:
+    a = get_adapter("trtllm_fp4_block_scale_moe")
+    case = cpu_cases(a.kernel, "experts")[0]  # T = 1, H = 7168, I = 2048, E = 256, K = 8
+    x = a.make_inputs(case, "cpu", 0)
+    assert x["routing_logits"].dtype == torch.float32 and x["routing_logits"].shape == (1, 256)
+    assert x["routing_bias"].dtype == torch.bfloat16 and x["routing_bias"].shape == (256,)
+    assert x["x_fp4"].shape == (1, 3584) and x["x_sf"].shape == (1, 448)
+    assert x["x_sf"].dtype == torch.float8_e4m3fn
+    assert x["w13"].dtype == torch.uint8 and x["w13"].shape == (256, 4096, 3584)
+    assert x["w13_sf"].dtype == torch.float8_e4m3fn and x["w13_sf"].shape == (256, 4096, 448)
+    assert x["w2"].shape == (256, 7168, 1024) and x["w2_sf"].shape == (256, 7168, 128)
+    assert x["w13_ws2"].shape == (256,) and x["w2_ws2"].dtype == torch.float32
+    assert x["topk_ids"].dtype == torch.int32 and x["topk_ids"].shape == (1, 8)
+    assert x["a2_scale"].dtype == torch.float32 and x["a2_scale"] > 0
+    del x
+
+
+def test_deepseek_routing_matches_a_brute_force_selection() -> None:
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 256, generator=g)
+    bias = (0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    ids, w = A.deepseek_routing(logits, bias, 8, 8, 4)
+    for t in range(4):
+        s = torch.sigmoid(logits[t]) + bias.float()
+        group_score = [sorted(s[g * 32 : (g + 1) * 32].tolist())[-2:] for g in range(8)]
+        groups = sorted(range(8), key=lambda g: -sum(group_score[g]))[:4]
+        cand = [e for g in groups for e in range(g * 32, (g + 1) * 32)]
+        want = sorted(cand, key=lambda e: -float(s[e]))[:8]
+        assert sorted(ids[t].tolist()) == sorted(want)
+        sig = torch.sigmoid(logits[t])[ids[t].long()]
+        assert torch.allclose(w[t], sig / sig.sum())
+
+
+def test_routing_loads_are_uneven() -> None:
+    x = get_adapter("scaled_fp4_experts_quant").make_inputs(
+        Case("scaled_fp4_experts_quant", "experts", "prefill", {"T": 512}, {"T": 512, "H": 64, "I": 64, "E": 256, "K": 8}),
+        "cpu",
+        0,
+    )  # fmt: skip
+    counts = x["expert_counts"]
+    assert int(counts.sum()) == 512 * 8 and int(counts.max()) > 3 * 16  # mean load is 16 per expert
+
+
+# -- references on hand-checkable inputs -----------------------------------------------------------
+
+
+def _deq64(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return fp4.dequantize_nvfp4(packed, scales).double()
+
+
+def test_gemm_references_against_float64() -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    case = small_gemm_case(a.kernel)
+    x = a.make_inputs(case, "cpu", 7)
+    ref = a.reference(x, case)
+    w4a4 = (_deq64(x["x_fp4"], x["x_sf"]) @ _deq64(x["w"], x["w_sf"]).T) * float(x["alpha"])
+    w4a16 = x["x"].double() @ (_deq64(x["w"], x["w_sf"]) * float(x["weight_scale_2"])).T
+    assert ref.get("w4a4").shape == (3, 128) and ref.get("w4a4").dtype == torch.float32
+    assert ((ref.get("w4a4").double() - w4a4).norm() / w4a4.norm()) < 1e-6
+    assert ((ref.get("w4a16").double() - w4a16).norm() / w4a16.norm()) < 1e-6
+    # the two numerics differ by the activation quantisation error (~10 %): a check must tell them apart
+    assert ((w4a4 - w4a16).norm() / w4a16.norm()) > 0.03
+
+
+def test_check_uses_the_backends_numerics() -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    case = small_gemm_case(a.kernel)
+    x = a.make_inputs(case, "cpu", 8)
+    ref = a.reference(x, case)
+    w4a4, w4a16 = ref.get("w4a4").bfloat16(), ref.get("w4a16").bfloat16()
+    assert a.check(w4a4, ref, case).ok
+    assert a.check(A.Tagged(w4a16, "w4a16"), ref, case).ok
+    assert not a.check(w4a16, ref, case).ok  # a Marlin result is not a W4A4 result
+    assert not a.check(A.Tagged(w4a4, "w4a16"), ref, case).ok
+    assert a.check(a.reference_backend().bind(None, x, case)(), ref, case).ok  # torch-ref
+
+
+def test_refs_compute_only_what_is_asked() -> None:
+    calls: list[str] = []
+    r = A.Refs("a", {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2})
+    assert calls == ["a"]
+    assert r.get("b") == 2 and r.get("b") == 2 and calls == ["a", "b"]
+
+
+@pytest.mark.parametrize("kernel", ["cutlass_fp4_group_mm", "trtllm_fp4_block_scale_moe"])
+def test_moe_reference_against_a_naive_loop(kernel: str) -> None:
+    a = get_adapter(kernel)
+    case = small_moe_case(kernel)
+    x = a.make_inputs(case, "cpu", 9)
+    ref = a.reference(x, case)
+    e_used = torch.unique(x["topk_ids"].long()).tolist()
+    gs1, gs2 = 1 / x["a1_scale"], 1 / x["a2_scale"]
+    for numerics, quant in (("w4a4", True), ("w4a16", False)):
+        want = torch.zeros(5, 128, dtype=torch.float64)
+        for t in range(5):
+            xt = x["x"][t : t + 1].float()
+            if quant:
+                xt = fp4.dequantize_nvfp4(*fp4.quantize_nvfp4(xt, gs1), gs1)
+            for j in range(8):
+                e = int(x["topk_ids"][t, j])
+                assert e in e_used
+                w1 = _deq64(x["w13"][e], x["w13_sf"][e]) * float(x["w13_ws2"][e])
+                w2 = _deq64(x["w2"][e], x["w2_sf"][e]) * float(x["w2_ws2"][e])
+                h = xt.double() @ w1.T
+                act = torch.nn.functional.silu(h[:, :64]) * h[:, 64:]
+                if quant:
+                    act = fp4.dequantize_nvfp4(*fp4.quantize_nvfp4(act.float(), gs2), gs2).double()
+                want[t] += float(x["topk_weights"][t, j]) * (act @ w2.T)[0]
+        want *= 2.5
+        got = ref.get(numerics)
+        assert got.shape == (5, 128) and ((got.double() - want).norm() / want.norm()) < 1e-5, numerics
+
+
+def test_moe_check_tolerances() -> None:
+    a = get_adapter("cutlass_fp4_group_mm")
+    case = small_moe_case(a.kernel)
+    x = a.make_inputs(case, "cpu", 10)
+    ref = a.reference(x, case)
+    assert a.check(ref.get("w4a4").bfloat16(), ref, case).ok
+    assert a.check(A.Tagged(ref.get("w4a16").bfloat16(), "w4a16"), ref, case).ok
+    swapped = A.moe_refs({**x, "w13": A._swap_halves(x["w13"]), "w13_sf": A._swap_halves(x["w13_sf"])})
+    assert not a.check(swapped.get("w4a4").bfloat16(), ref, case).ok  # gate/up order matters
+
+
+def test_quant_reference_and_check() -> None:
+    a = get_adapter("scaled_fp4_quant")
+    case = Case(a.kernel, "o_proj", "decode", {"T": 3}, {"T": 3, "K": 64})
+    x = a.make_inputs(case, "cpu", 11)
+    ref = a.reference(x, case)
+    packed, sf = ref.get("w4a4")
+    assert packed.shape == (3, 32) and sf.shape == (3, 4) and sf.dtype == torch.float8_e4m3fn
+    # what flashinfer returns: uint8 data + the 128x4-swizzled scales as a [128, 4] uint8 matrix
+    good = (packed.clone(), fp4.swizzle_scales(sf).view(torch.uint8))
+    assert a.check(good, ref, case).ok
+    wrong_layout = (packed.clone(), torch.nn.functional.pad(sf.view(torch.uint8), (0, 0, 0, 125)))
+    assert not a.check(wrong_layout, ref, case).ok
+    flipped = (packed ^ 0x11, good[1])  # every value's magnitude code changes
+    assert not a.check(flipped, ref, case).ok
+
+
+def test_mxfp4_check_reads_swizzled_ue8m0_scales() -> None:
+    a = get_adapter("mxfp4_quantize")
+    case = Case(a.kernel, "o_proj", "decode", {"T": 2}, {"T": 2, "K": 128})
+    x = a.make_inputs(case, "cpu", 12)
+    ref = a.reference(x, case)
+    packed, sf = ref.get("w4a4")
+    assert sf.dtype == torch.uint8 and sf.shape == (2, 4)
+    assert a.check((packed, fp4.swizzle_scales(sf)), ref, case).ok
+    assert not a.check((packed, fp4.swizzle_scales(sf + 1)), ref, case).ok
+
+
+def test_block_scale_interleave_reference_is_exact() -> None:
+    a = get_adapter("nvfp4_block_scale_interleave")
+    case = small_gemm_case(a.kernel, m=1, n=200, k=96)  # N not a multiple of 128, K/16 = 6
+    x = a.make_inputs(case, "cpu", 13)
+    ref = a.reference(x, case)
+    assert x["w_sf"].dtype == torch.uint8 and ref.shape == (256 * 8,)
+    assert torch.equal(fp4.unswizzle_scales(ref, 200, 6), x["w_sf"])
+    assert a.check(ref.clone(), ref, case).ok
+    assert not a.check(torch.roll(ref, 1), ref, case).ok
+
+
+def _flashinfer_masked_layout(packed: torch.Tensor, sf: torch.Tensor, counts: torch.Tensor, k: int):
+    """Lay a reference out exactly as scaled_fp4_grouped_quant_sm100 returns it."""
+    e, max_m = counts.numel(), int(counts.max())
+    mp, kp = fp4.swizzled_shape(max_m, k // 16)
+    out = torch.zeros(e, max_m, k // 2, dtype=torch.uint8)
+    scales = torch.zeros(e, mp, kp, dtype=torch.uint8)
+    start = 0
+    for i, n in enumerate(counts.tolist()):
+        out[i, :n] = packed[start : start + n]
+        lin = torch.zeros(max_m, k // 16, dtype=torch.uint8)
+        lin[:n] = sf[start : start + n].view(torch.uint8)
+        scales[i] = fp4.swizzle_scales(lin)
+        start += n
+    physical = scales.view(torch.float8_e4m3fn).view(e, mp // 128, kp // 4, 32, 4, 4)
+    logical_sf = physical.permute(3, 4, 1, 5, 2, 0)
+    return out.permute(1, 2, 0), logical_sf
+
+
+def test_experts_quant_decodes_both_layouts() -> None:
+    a = get_adapter("scaled_fp4_experts_quant")
+    case = small_moe_case(a.kernel, t=20)
+    x = a.make_inputs(case, "cpu", 14)
+    assert x["a_sorted"].shape == (160, 128) and x["a_gs"].shape == (16,)
+    assert x["expert_offsets"].dtype == torch.int32 and int(x["expert_offsets"][-1]) == 160
+    assert (x["blockscale_offsets"] % 128 == 0).all()
+    ids = x["topk_ids"].reshape(-1).long()
+    expert_of_row = torch.repeat_interleave(torch.arange(16), x["expert_counts"].long())
+    assert torch.equal(expert_of_row, torch.sort(ids).values)  # rows grouped by expert
+    ref = a.reference(x, case)
+    packed, sf = ref.get("w4a4")
+    masked = _flashinfer_masked_layout(packed, sf, x["expert_counts"], 128)
+    assert a.check(A.Tagged(masked, layout="masked"), ref, case).ok
+    # the old AOT layout: expert e's swizzled scales start at row blockscale_offsets[e]
+    total = int(x["blockscale_offsets"][-1])
+    aot_sf = torch.zeros(total, 8, dtype=torch.uint8)
+    for e in range(16):
+        lo, hi = int(x["expert_offsets"][e]), int(x["expert_offsets"][e + 1])
+        if hi > lo:
+            blk = fp4.swizzle_scales(sf[lo:hi].view(torch.uint8))
+            b0 = int(x["blockscale_offsets"][e])
+            aot_sf[b0 : b0 + blk.shape[0]] = blk
+    assert a.check(A.Tagged((packed, aot_sf.view(torch.float8_e4m3fn)), layout="aot"), ref, case).ok
+    assert not a.check(A.Tagged((packed, torch.roll(aot_sf, 1, 0)), layout="aot"), ref, case).ok
+
+
+# -- traffic ---------------------------------------------------------------------------------------
+
+
+def test_gemm_traffic_at_o_proj() -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    case = cpu_cases(a.kernel, "o_proj")[0]
+    tr = a.traffic(case)
+    # catalogue 4.4: 0.5625 (MK + KN) + 2 MN; o_proj weight 66,060,288 B, FLOPs 234,881,024 T
+    assert tr.bytes == 66_060_288 + 9216 + 2 * 7168 and tr.flops == 234_881_024
+    marlin = a.traffic_for("sglang_jit.marlin", case)
+    assert marlin.bytes == 66_060_288 + 2 * 16384 + 2 * 7168  # W4A16: bf16 activation
+    assert a.traffic_for("flashinfer.cutlass", case) == tr
+
+
+def test_moe_traffic_at_decode() -> None:
+    a = get_adapter("cutlass_fp4_group_mm")
+    case = cpu_cases(a.kernel, "experts")[0]  # T = 1: exactly 8 experts
+    tr = a.traffic(case)
+    assert A.expert_weight_bytes(7168, 2048) == 24_772_608  # catalogue section 5
+    assert tr.flops == 704_643_072  # catalogue: 704,643,072 T
+    assert tr.bytes == 8 * 24_772_608 + 4 * 7168 + 8 * 8
+    t = get_adapter("trtllm_fp4_block_scale_moe").traffic(case)
+    assert t.bytes == 8 * 24_772_608 + fp4.nvfp4_bytes(7168) + 4 * 256 + 2 * 256 + 2 * 7168
+    assert math.isclose(A.expected_active_experts(10**6, 256, 8), 256)
+
+
+def test_quant_traffic() -> None:
+    a = get_adapter("scaled_fp4_quant")
+    case = cpu_cases(a.kernel, "o_proj")[0]
+    assert a.traffic(case).bytes == 2 * 16384 + 8192 + 1024
+
+
+# -- what the binds hand the kernels (GPU libraries stubbed) ----------------------------------------
+
+
+def is_(t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+    return t.dtype == dtype and tuple(t.shape) == shape
+
+
+class Recorder:
+    def __init__(self, result: Any = None):
+        self.calls: list[tuple[tuple, dict]] = []
+        self.result = result
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append((args, kwargs))
+        return self.result(*args, **kwargs) if callable(self.result) else self.result
+
+
+def test_mm_fp4_bind_matches_flashinfer_checks() -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    case = small_gemm_case(a.kernel, m=3, n=256, k=128)
+    x = a.make_inputs(case, "cpu", 15)
+    fn = Recorder()
+    A._bind_mm_fp4("cutlass")(fn, x, case)()
+    (a_, b, a_sf, b_sf, alpha, dtype, out), kw = fn.calls[0]
+    # flashinfer gemm_base._check_mm_fp4_problem_size + the cutlass backend's layout
+    assert a_.ndim == b.ndim == 2 and a_.shape[1] == b.shape[0] == 64
+    assert a_.dtype == b.dtype == torch.uint8
+    assert b.shape == (64, 256) and b.stride() == (1, 64)  # column-major view of the [N, K/2] weight
+    assert a_sf.dtype == torch.uint8 and a_sf.shape == (128, 8)
+    assert b_sf.dtype == torch.float8_e4m3fn and b_sf.shape == (8, 256)
+    assert torch.equal(fp4.unswizzle_scales(b_sf.T, 256, 8), x["w_sf"])
+    assert alpha.dtype == torch.float32 and alpha.numel() == 1
+    assert dtype == torch.bfloat16 and out.shape == (3, 256) and out.dtype == torch.bfloat16
+    assert kw == {"backend": "cutlass"}
+
+
+def test_aot_and_quant_binds() -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    case = small_gemm_case(a.kernel)
+    x = a.make_inputs(case, "cpu", 16)
+    fn = Recorder()
+    A._bind_aot_fp4_mm(fn, x, case)()
+    (a_, b, a_sf, b_sf, alpha, dtype), _ = fn.calls[0]
+    assert b.shape == (128, 32) and a_sf.shape == (128, 4) and a_sf.dtype == torch.float8_e4m3fn
+    q = get_adapter("fp4_quantize")
+    qc = Case(q.kernel, "o_proj", "decode", {"T": 2}, {"T": 2, "K": 64})
+    qx = q.make_inputs(qc, "cpu", 0)
+    fn = Recorder()
+    A._bind_fi_fp4_quantize("cute-dsl")(fn, qx, qc)()
+    (inp, gs, vec, ue8m0, swizzled), kw = fn.calls[0]
+    assert inp.dtype == torch.bfloat16 and gs.dtype == torch.float32 and gs.shape == (1,)
+    assert (vec, ue8m0, swizzled, kw) == (16, False, True, {"backend": "cute-dsl"})
+
+
+def test_grouped_quant_bind_builds_the_masked_layout() -> None:
+    a = get_adapter("scaled_fp4_experts_quant")
+    case = small_moe_case(a.kernel, t=12)
+    x = a.make_inputs(case, "cpu", 17)
+    fn = Recorder()
+    A._bind_fi_grouped_quant(fn, x, case)()
+    (masked, mask, gs), _ = fn.calls[0]
+    counts = x["expert_counts"]
+    assert masked.shape == (16, int(counts.max()), 128) and masked.dtype == torch.bfloat16
+    assert mask.dtype == torch.int32 and torch.equal(mask, counts) and gs.shape == (16,)
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        assert torch.equal(masked[e, :n], x["a_sorted"][start : start + n])
+        start += n
+
+
+@pytest.fixture
+def fake_gpu_libs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Stand-ins for flashinfer / sgl_kernel / sglang.jit_kernel with the real functions' output shapes."""
+
+    class ActivationType(enum.IntEnum):
+        Swiglu = 3
+
+    def repack(b_q_weight, perm, size_k, size_n, num_bits):  # gptq_marlin_repack's allocation
+        assert b_q_weight.dtype == torch.int32 and b_q_weight.shape == (size_k // 8, size_n) and num_bits == 4
+        return torch.zeros((size_k // 16, size_n * 16 // 8), dtype=torch.int32)
+
+    mods = {
+        "flashinfer": {
+            "nvfp4_block_scale_interleave": lambda t: fp4.swizzle_scales(t).flatten(),
+            "shuffle_matrix_a": lambda t, tile: t,
+            "shuffle_matrix_sf_a": lambda t, tile: fp4.swizzle_scales(t).flatten(),
+        },
+        "flashinfer.fused_moe": {"ActivationType": ActivationType},
+        "flashinfer.fused_moe.core": {
+            "_maybe_get_cached_w3_w1_permute_indices": lambda c, w, tile, num_elts_per_sf=None, is_gated_act_gemm=True: torch.arange(w.shape[0]),
+            "get_w2_permute_indices_with_cache": lambda c, w, tile, num_elts_per_sf=None: torch.arange(w.shape[0]),
+        },
+        "sgl_kernel": {},
+        "sgl_kernel.scalar_type": {"scalar_types": types.SimpleNamespace(float4_e2m1f="float4_e2m1f")},
+        "sgl_kernel.moe": {"moe_align_block_size": Recorder(), "moe_sum_reduce": Recorder()},
+        "sglang": {},
+        "sglang.jit_kernel": {},
+        "sglang.jit_kernel.gptq_marlin_repack": {"gptq_marlin_repack": repack},
+        "sglang.jit_kernel.activation": {"silu_and_mul": Recorder()},
+    }  # fmt: skip
+    for name, attrs in mods.items():
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
+    monkeypatch.setattr(A, "_sms", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    return {n: types.SimpleNamespace(**m) for n, m in mods.items()}
+
+
+def test_marlin_gemm_bind(fake_gpu_libs: dict[str, Any]) -> None:
+    a = get_adapter("cutlass_scaled_fp4_mm")
+    case = small_gemm_case(a.kernel, m=4, n=128, k=256)
+    x = a.make_inputs(case, "cpu", 18)
+    fn = Recorder(torch.zeros(4, 128, dtype=torch.bfloat16))
+    out = A._bind_marlin_gemm(fn, x, case)()
+    assert isinstance(out, A.Tagged) and out.numerics == "w4a16"
+    _, kw = fn.calls[0]
+    assert kw["a"] is x["x"] and kw["c"] is None
+    assert kw["b_q_weight"].shape == (256 // 16, 128 * 2) and kw["b_q_weight"].dtype == torch.int32
+    assert kw["b_scales"].dtype == torch.float8_e4m3fn and kw["b_scales"].shape == (256 // 16, 128)
+    gs = kw["global_scale"]
+    assert gs.dtype == torch.bfloat16 and gs.shape == (1,)
+    assert float(gs) == float(x["weight_scale_2"].bfloat16()) * 2.0**119
+    assert (kw["size_m"], kw["size_n"], kw["size_k"]) == (4, 128, 256)
+    assert kw["b_q_type"] == "float4_e2m1f" and kw["use_fp32_reduce"] and kw["is_k_full"]
+    assert kw["use_atomic_add"] is False  # k < 2048
+
+
+def test_marlin_moe_bind_follows_fused_marlin_moe(fake_gpu_libs: dict[str, Any]) -> None:
+    a = get_adapter("cutlass_fp4_group_mm")
+    case = small_moe_case(a.kernel, t=6)
+    x = a.make_inputs(case, "cpu", 19)
+    fn = Recorder(lambda *args, **kw: args[1])
+    out = A._bind_marlin_moe(fn, x, case)()
+    assert isinstance(out, A.Tagged) and out.numerics == "w4a16" and out.value.shape == (6, 128)
+    (g1, g1kw), (g2, g2kw) = fn.calls
+    # fused_marlin_moe's asserts: H == w1.shape[1] * 16, H == w2.shape[2] // 2, N = w2.shape[1] * 16
+    assert g1[2].shape == (16, 128 // 16, 2 * 64 * 2) and g2[2].shape == (16, 64 // 16, 128 * 2)
+    assert g1[4].dtype == torch.float8_e4m3fn and g1[4].shape == (16, 128 // 16, 128)
+    assert g1[5].dtype == torch.bfloat16 and g1[5].shape == (16,)
+    assert (g1kw["size_m"], g1kw["size_n"], g1kw["size_k"], g1kw["top_k"]) == (6, 128, 128, 8)
+    assert (g2kw["size_m"], g2kw["size_n"], g2kw["size_k"], g2kw["top_k"]) == (48, 128, 64, 1)
+    assert g2kw["mul_topk_weights"] and not g1kw["mul_topk_weights"]
+    assert g1kw["moe_block_size"] == 8 and g1kw["use_atomic_add"]  # 6*8/16/8 < 0.9; sm90 bf16
+    (align_args, _) = fake_gpu_libs["sgl_kernel.moe"].moe_align_block_size.calls[0]
+    assert align_args[1] == 17 and align_args[2] == 8 and align_args[7] is True  # E + 1, pad ids
+    (sum_args, _) = fake_gpu_libs["sgl_kernel.moe"].moe_sum_reduce.calls[0]
+    assert sum_args[0].shape == (6, 8, 128) and sum_args[2] == 2.5
+
+
+def test_cutlass_fused_moe_bind_matches_flashinfer_checks(fake_gpu_libs: dict[str, Any]) -> None:
+    a = get_adapter("cutlass_fp4_group_mm")
+    case = small_moe_case(a.kernel)
+    x = a.make_inputs(case, "cpu", 20)
+    fn = Recorder([torch.zeros(5, 128, dtype=torch.bfloat16)])
+    A._bind_cutlass_fused_moe(fn, x, case)()
+    _, kw = fn.calls[0]
+    assert is_(kw["fc1_expert_weights"], torch.long, (16, 128, 128 // 16))
+    assert kw["fc2_expert_weights"].shape == (16, 128, 64 // 16)
+    # the w13 halves are swapped to up-first (load_up_proj_weight_first)
+    assert torch.equal(kw["fc1_expert_weights"].view(torch.uint8)[:, :64], x["w13"][:, 64:])
+    qs = kw["quant_scales"]
+    assert [t.dtype for t in qs] == [torch.float32, torch.int32, torch.float32] * 2
+    assert qs[0].ndim == 0 and qs[3].ndim == 0 and qs[2].shape == qs[5].shape == (16,)
+    # binding: fc1 block (E, align(I)*2, align(H)/16/4), fc2 block (E, align(H), align(I)/16/4)
+    assert qs[1].shape == (16, 128, 128 // 64) and qs[4].shape == (16, 128, 1)
+    assert torch.allclose(kw["token_final_scales"], x["topk_weights"] * 2.5)
+    assert kw["token_selected_experts"].dtype == torch.int32 and kw["input"].dtype == torch.bfloat16
+    assert kw["activation_type"] == 3 and kw["output"].shape == (5, 128)
+
+
+def test_trtllm_bind_matches_launcher_checks(fake_gpu_libs: dict[str, Any]) -> None:
+    a = get_adapter("trtllm_fp4_block_scale_moe")
+    case = small_moe_case(a.kernel)
+    x = a.make_inputs(case, "cpu", 21)
+    fn = Recorder([torch.zeros(5, 128, dtype=torch.bfloat16)])
+    A._bind_trtllm_fp4_moe(fn, x, case)()
+    _, kw = fn.calls[0]
+    assert kw["routing_logits"].dtype == torch.float32 and kw["routing_logits"].shape == (5, 16)
+    assert kw["routing_bias"].dtype == torch.bfloat16 and kw["routing_bias"].shape == (16,)
+    assert kw["hidden_states"].dtype == torch.uint8 and kw["hidden_states"].shape == (5, 64)
+    assert is_(kw["hidden_states_scale"], torch.float8_e4m3fn, (5, 8))
+    assert kw["gemm1_weights"].dtype == torch.uint8 and kw["gemm1_weights"].shape == (16, 128, 64)
+    assert is_(kw["gemm1_weights_scale"], torch.float8_e4m3fn, (16, 128, 8))
+    assert kw["gemm2_weights"].shape == (16, 128, 32) and kw["gemm2_weights_scale"].shape == (16, 128, 4)
+    for name in ("output1_scale_scalar", "output1_scale_gate_scalar", "output2_scale_scalar"):
+        assert kw[name].dtype == torch.float32 and kw[name].shape == (16,)
+    assert torch.allclose(kw["output1_scale_scalar"], kw["output1_scale_gate_scalar"] / x["a2_scale"])
+    assert (kw["num_experts"], kw["top_k"], kw["n_group"], kw["topk_group"]) == (16, 8, 8, 4)
+    assert (kw["intermediate_size"], kw["routing_method_type"], kw["routed_scaling_factor"]) == (64, 2, 2.5)
+
+
+def test_marlin_helpers_by_hand() -> None:
+    s = torch.arange(128, dtype=torch.float32).reshape(2, 64)
+    p = A.marlin_permute_scales(s, size_k=32, size_n=64, group_size=16)
+    assert p[0, :9].tolist() == [0, 8, 16, 24, 32, 40, 48, 56, 1]
+    single = A.marlin_permute_scales(s[:1], size_k=16, size_n=64, group_size=16)
+    assert single[0, :8].tolist() == [0, 1, 8, 9, 16, 17, 24, 25]
+    # columns are taken in groups of four as [0, 2, 1, 3]; then half(v) * 2^7, << 1, high byte:
+    # 1.0 -> 0x5800 -> 0xB0; 2.0 -> 0x5C00 -> 0xB8; 448 -> 0x7B00 -> 0xF6; 0.5 -> 0x5400 -> 0xA8
+    scales = torch.tensor([[1.0, 448.0, 2.0, 0.5]], dtype=torch.bfloat16)
+    out = A.nvfp4_marlin_process_scales(scales)
+    assert out.dtype == torch.float8_e4m3fn and out.view(torch.uint8).tolist() == [[0xB0, 0xB8, 0xF6, 0xA8]]
+    g = A.nvfp4_marlin_process_global_scale(torch.tensor(3.5e-5).bfloat16())
+    assert g.shape == (1,) and float(g) == float(torch.tensor(3.5e-5).bfloat16()) * 2.0**119
+    assert not A.should_use_atomic_add_reduce(1, 7168, 16384, 90, torch.bfloat16)  # n >= 2048
+    assert A.should_use_atomic_add_reduce(1, 512, 7168, 90, torch.bfloat16)  # shared gate_up at tp 8
+    assert not A.should_use_atomic_add_reduce(1, 512, 7168, 80, torch.bfloat16)
+    assert [A._marlin_block_size(m, 8, 256) for m in (1, 64, 256, 1024, 4096)] == [8, 8, 16, 48, 64]
