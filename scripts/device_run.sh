@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the lent GPU box (no network): install the wheel bundle, restore JIT caches carried from an
+# earlier call, run a command, and save the JIT caches back to $OUT so the next call skips compiling.
+#   source-free use:  bash scripts/device_run.sh <command...>
+# Carry `.gpu-bundle` (and `.jitcache` when present). JIT caches: flashinfer, tvm-ffi (sglang JIT), Triton.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+source .gpu-bundle/install.sh || exit 1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR="$HOME/.triton/cache"
+if [ -f .jitcache/jitcache.tar.gz ]; then
+    tar -xzf .jitcache/jitcache.tar.gz -C "$HOME" && echo "device_run: restored JIT caches" >&2
+fi
+"$@"
+rc=$?
+if [ -n "${OUT:-}" ]; then
+    (cd "$HOME" && tar -czf "$OUT/jitcache.tar.gz" --ignore-failed-read .cache/flashinfer .cache/tvm-ffi .triton/cache 2>/dev/null)
+    ls -la "$OUT/jitcache.tar.gz" >&2
+fi
+exit $rc
