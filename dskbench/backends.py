@@ -93,6 +93,7 @@ class Backend:
     capturable: bool = True  # False: timed eagerly (and reported so)
     dispatches_to: str | None = None  # a wrapper that forwards elsewhere says where
     label: str | None = None  # e.g. "Hopper path for cutlass_scaled_fp4_mm"
+    skip: Callable[[Any], str | None] | None = None  # per-case reason this backend does not apply
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -220,7 +220,11 @@ def prepare_case(
         "seed": seed,
         "backend": backend_block(backend),
     }
-    reason = backend.requires.reason_unmet(device) or adapter.skip_reason(case)
+    reason = (
+        backend.requires.reason_unmet(device)
+        or adapter.skip_reason(case)
+        or (backend.skip(case) if backend.skip else None)
+    )
     if reason:
         return {**base, "status": "skipped", "reason": reason}, None
     try:

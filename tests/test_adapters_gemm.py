@@ -66,10 +66,16 @@ def test_dsv3_kernels_apply_only_at_their_op_and_small_t():
     assert not fa.applies(qb) and not rg.applies(qb)
     assert fa.applies(_case("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa"))
     assert rg.applies(_case("dsv3_router_gemm", "gate"))
-    assert fa.skip_reason(_case("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa", t=16)) is None
-    assert "T <= 16" in fa.skip_reason(_case("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa", t=64))
-    assert rg.skip_reason(_case("dsv3_router_gemm", "gate", t=16)) is None
-    assert "T <= 16" in rg.skip_reason(_case("dsv3_router_gemm", "gate", "prefill", t=512))
+    fab = {b.name: b for b in fa.backends}
+    rgb = {b.name: b for b in rg.backends}
+    small_a = _case("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa", t=16)
+    big_a = _case("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa", t=64)
+    assert fab["sglang_jit"].skip(small_a) is None
+    assert "T <= 16" in fab["sglang_jit"].skip(big_a)
+    assert fab["torch.linear"].skip is None  # cuBLAS is what sglang runs above T = 16: timed at every T
+    assert rgb["sglang_jit"].skip(_case("dsv3_router_gemm", "gate", t=16)) is None
+    assert "T <= 16" in rgb["sglang_jit"].skip(_case("dsv3_router_gemm", "gate", "prefill", t=512))
+    assert rgb["cublas"].skip is None
 
 
 def test_qserve_skips_n_without_full_tiles():

@@ -366,8 +366,10 @@ def test_gemm_traffic_at_o_proj() -> None:
     tr = a.traffic(case)
     # catalogue 4.4: 0.5625 (MK + KN) + 2 MN; o_proj weight 66,060,288 B, FLOPs 234,881,024 T
     assert tr.bytes == 66_060_288 + 9216 + 2 * 7168 and tr.flops == 234_881_024
+    assert tr.compute == "fp4"
     marlin = a.traffic_for("sglang_jit.marlin", case)
     assert marlin.bytes == 66_060_288 + 2 * 16384 + 2 * 7168  # W4A16: bf16 activation
+    assert marlin.compute == "bf16" and marlin.flops == tr.flops
     assert a.traffic_for("flashinfer.cutlass", case) == tr
 
 
@@ -377,7 +379,9 @@ def test_moe_traffic_at_decode() -> None:
     tr = a.traffic(case)
     assert A.expert_weight_bytes(7168, 2048) == 24_772_608  # catalogue section 5
     assert tr.flops == 704_643_072  # catalogue: 704,643,072 T
-    assert tr.bytes == 8 * 24_772_608 + 4 * 7168 + 8 * 8
+    assert tr.bytes == 8 * 24_772_608 + 4 * 7168 + 8 * 8 and tr.compute == "fp4"
+    hopper = a.traffic_for("sglang_jit.marlin_moe", case)
+    assert hopper.bytes == tr.bytes and hopper.compute == "bf16"
     t = get_adapter("trtllm_fp4_block_scale_moe").traffic(case)
     assert t.bytes == 8 * 24_772_608 + fp4.nvfp4_bytes(7168) + 4 * 256 + 2 * 256 + 2 * 7168
     assert math.isclose(A.expected_active_experts(10**6, 256, 8), 256)

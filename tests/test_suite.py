@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,38 +13,12 @@ import pytest
 
 from dskbench import suite
 from dskbench.results import read_runs
-
-REPO = Path(__file__).resolve().parent.parent
-SHAPES = REPO / "shapes" / "deepseek_r1_nvfp4.yaml"
-
-
-def write_registry(root: Path, entries: dict[str, str]) -> None:
-    """A kernels_registry/ in the format dskbench.registry writes (only the fields it reads)."""
-    reg = root / "kernels_registry"
-    reg.mkdir(parents=True, exist_ok=True)
-    for name, status in entries.items():
-        reason = "host function, no GPU kernel" if status != "benchmark" else "fake"
-        (reg / f"{name}.yaml").write_text(
-            f"name: {name}\naliases: []\nstatus: {status}\nstatus_reason: {reason}\n"
-            "ops:\n- name: input_layernorm\n"
-        )
+from tests.suite_helpers import REPO, make_fake_root, run_pytest, write_registry
 
 
 @pytest.fixture()
 def fake_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """DSKBENCH_ROOT with a fake registry; the fake adapters loaded in every subprocess."""
-    root = tmp_path / "root"
-    write_registry(root, {"fake_ok": "benchmark", "fake_wrong": "benchmark", "fake_host": "host-only"})
-    (root / "shapes").mkdir()
-    shutil.copyfile(SHAPES, root / "shapes" / SHAPES.name)
-    monkeypatch.setenv("DSKBENCH_ROOT", str(root))
-    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
-    monkeypatch.setenv("DSKBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    from dskbench import paths
-
-    monkeypatch.setattr(paths, "REGISTRY_DIR", root / "kernels_registry")
-    monkeypatch.setattr(paths, "SHAPES_FILE", root / "shapes" / SHAPES.name)
-    return root
+    return make_fake_root(tmp_path, monkeypatch)
 
 
 def cpu_selection(**kw) -> suite.Selection:
@@ -167,10 +139,12 @@ def test_plan_all_backends_and_errors(fake_root):
 
     plan = suite.make_plan(cpu_selection(kernels="fake_ok", all_backends=True))
     assert {k.split("|")[1] for k in plan.keys("fake_ok")} == {"fake", "b200", "torch-ref"}
-    with pytest.raises(suite.SuiteError, match="unknown kernel 'fake_okk'.*did you mean fake_ok"):
-        suite.make_plan(cpu_selection(kernels="fake_okk"))
-    with pytest.raises(suite.SuiteError, match="(?s)planning failed.*unknown backend"):
-        suite.load_plan(cpu_selection(backends="nope"))
+    with pytest.raises(suite.SuiteError, match="unknown backend"):
+        suite.make_plan(cpu_selection(backends="nope"))
+    with pytest.raises(
+        suite.SuiteError, match="(?s)planning failed.*unknown kernel 'fake_okk'.*did you mean fake_ok"
+    ):
+        suite.load_plan(cpu_selection(kernels="fake_okk"))
 
 
 # -- measuring -------------------------------------------------------------------------------------------
@@ -183,7 +157,10 @@ def test_measure_kernel_returns_plain_dicts_and_keeps_the_jsonl(fake_root, tmp_p
 
     sel = cpu_selection(kernels="fake_ok,fake_wrong", all_backends=True)
     plan = suite.make_plan(sel)
-    items = plan.items("fake_ok") + plan.items("fake_wrong", {"fake_wrong/input_layernorm/decode/T=1|fake"})
+    keys = {f"fake_ok/input_layernorm/decode/T=16|{b}" for b in ("fake", "b200")}
+    items = plan.items("fake_ok", keys) + plan.items(
+        "fake_wrong", {"fake_wrong/input_layernorm/decode/T=1|fake"}
+    )
     out = suite.measure_kernel("fake_ok", items, sel, keep_dir=tmp_path / "kept")
     cases = out["cases"]
     assert set(cases) == {suite.item_key(i) for i in items}
@@ -223,15 +200,10 @@ def test_replay_clock_yields_each_sample_exactly():
         clock.step()
 
 
-def _run_pytest(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+NO_CPUINFO = """
+def pytest_benchmark_generate_machine_info():
+    return {"node": "test"}  # py-cpuinfo takes 1.5 s
+"""
 
 
 def test_replay_feeds_pytest_benchmark_statistics(tmp_path):
@@ -255,98 +227,10 @@ def test_replay_feeds_pytest_benchmark_statistics(tmp_path):
             """
         )
     )
+    (tmp_path / "conftest.py").write_text(NO_CPUINFO)
     out = tmp_path / "b.json"
-    p = _run_pytest(["test_replay.py", f"--benchmark-json={out}"], tmp_path, suite.child_env())
+    p = run_pytest(["test_replay.py", f"--benchmark-json={out}"], tmp_path, suite.child_env())
     assert p.returncode == 0, p.stdout + p.stderr
     bench = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}["test_it"]
     assert bench["stats"]["data"] == [5e-6, 1e-6, 3e-6] and bench["stats"]["median"] == 3e-6
     assert bench["options"]["timer"] == "dskbench_gpu_replay_clock" and bench["extra_info"] == {"bytes": 123}
-
-
-SLEEP_ADAPTER = '''
-"""A fake kernel whose reference sleeps FAKE_SLEEP_US microseconds (a deterministic slowdown)."""
-import os, time
-import torch
-from dskbench.adapters import register
-from dskbench.adapters.base import Adapter, Traffic
-
-@register
-class FakeSleep(Adapter):
-    kernel = "fake_sleep"
-    role = "norm"
-
-    def make_inputs(self, case, device, seed):
-        return {"x": torch.ones(case.dims["T"], 8)}
-
-    def reference(self, inputs, case):
-        time.sleep(float(os.environ.get("FAKE_SLEEP_US", "0")) * 1e-6)
-        return inputs["x"] * 2
-
-    def traffic(self, case):
-        return Traffic(bytes=64 * case.dims["T"], flops=8 * case.dims["T"])
-'''
-
-
-def test_pytest_benchmark_suite_on_cpu(fake_root, tmp_path):
-    """bench/ end to end on the CPU: JSON with our samples and extra_info; compare-fail on a slowdown."""
-    write_registry(fake_root, {"fake_sleep": "benchmark"})
-    (tmp_path / "mods").mkdir()
-    (tmp_path / "mods" / "fake_sleep_adapter.py").write_text(SLEEP_ADAPTER)
-    env = suite.child_env()
-    env["PYTHONPATH"] += os.pathsep + str(tmp_path / "mods")
-    env["DSKBENCH_EXTRA_ADAPTERS"] = "tests.fake_adapters,fake_sleep_adapter"
-    storage = tmp_path / "storage"
-    common = [
-        str(REPO / "bench"),
-        "--dskbench-device=cpu",
-        "--dskbench-sweep=decode",
-        "--dskbench-kernel=fake_ok",
-        "--dskbench-kernel=fake_sleep",
-        "--dskbench-budget=0.05",
-        f"--dskbench-jsonl-dir={tmp_path / 'jsonl'}",
-        "-k",
-        "not 64",
-        f"--benchmark-storage=file://{storage}",
-        "-rs",
-    ]
-    out = tmp_path / "run1.json"
-    p = _run_pytest(
-        [*common, f"--benchmark-json={out}", "--benchmark-autosave"], REPO, {**env, "FAKE_SLEEP_US": "300"}
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "dskbench: CPU: torch reference" in p.stdout
-    assert (
-        "needs sm100 (found no CUDA GPU)" in p.stdout
-    )  # GPU-only parametrisations: skipped, with the reason
-    data = json.loads(out.read_text())
-    assert data["machine_info"]["dskbench"]["device"] == "cpu" and data["machine_info"]["gpu"] is None
-    benches = {b["param"]: b for b in data["benchmarks"]}
-    assert set(benches) == {
-        f"{k}/input_layernorm/decode/T={t}|{b}"
-        for k, bs in (("fake_ok", ("fake", "torch-ref")), ("fake_sleep", ("torch-ref",)))
-        for t in (1, 16)
-        for b in bs
-    }
-    b = benches["fake_sleep/input_layernorm/decode/T=16|torch-ref"]
-    assert b["group"].startswith("CPU reference: ") and b["options"]["timer"] == "dskbench_gpu_replay_clock"
-    assert b["extra_info"]["bytes"] == 64 * 16 and b["extra_info"]["timing_method"] == "cpu-wall"
-    assert b["extra_info"]["gbps"] == pytest.approx(64 * 16 / b["extra_info"]["median_us"] / 1e3)
-    # the statistics are the core's samples, exactly (host time around the replay would differ)
-    (run,) = read_runs([b["extra_info"]["jsonl"]])
-    rec = next(r for r in run.results if f"{r['case_id']}|{r['backend']['name']}" == b["param"])
-    assert b["stats"]["data"] == [x * 1e-6 for x in rec["timing"]["samples_us"]]
-    assert b["stats"]["median"] > 300e-6
-
-    # a 10x slower kernel fails --benchmark-compare-fail against the saved run
-    p2 = _run_pytest(
-        [
-            *common,
-            "-k",
-            "fake_sleep and not 64",
-            "--benchmark-compare",
-            "--benchmark-compare-fail=median:50%",
-        ],
-        REPO,
-        {**env, "FAKE_SLEEP_US": "3000"},
-    )
-    assert p2.returncode != 0 and "Performance has regressed" in p2.stdout + p2.stderr, p2.stdout[-3000:]

@@ -639,6 +639,20 @@ class BmmFp8(Adapter):
 # -- dsv3_fused_a_gemm: fused_qkv_a_proj_with_mqa for T <= 16 ----------------------------------------
 
 
+def _fused_a_t(case: Case) -> str | None:
+    m = int(case.dims["M"])
+    if not 1 <= m <= FUSED_A_MAX_T:
+        return f"sglang calls dsv3_fused_a_gemm only for 1 <= T <= {FUSED_A_MAX_T} (T={m})"
+    return None
+
+
+def _router_t(case: Case) -> str | None:
+    m = int(case.dims["M"])
+    if not 1 <= m <= ROUTER_MAX_T:
+        return f"sglang calls dsv3_router_gemm only for 1 <= T <= {ROUTER_MAX_T} on sm90 (T={m})"
+    return None
+
+
 def _bind_fused_a(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
     """(mat_a [M,K] bf16 row-major, mat_b = weight.t() [K,N] column-major) -> [M,N] bf16."""
     a, b = inputs["mat_a"], inputs["mat_b"]
@@ -667,6 +681,7 @@ class Dsv3FusedAGemm(Adapter):
             "jit",
             _bind_fused_a,
             requires=Requirement(min_sm=90),
+            skip=_fused_a_t,
             dispatches_to="sglang.jit_kernel.dsv3_fused_a_gemm (auto below SM120; CuTe-DSL on SM120+)",
             label="what sglang 0.5.16 calls (linear_with_fused_a_gemm)",
         ),
@@ -677,6 +692,7 @@ class Dsv3FusedAGemm(Adapter):
             "jit",
             _bind_fused_a,
             requires=Requirement(min_sm=90),
+            skip=_fused_a_t,
         ),
         Backend(
             "sgl_kernel",
@@ -685,6 +701,7 @@ class Dsv3FusedAGemm(Adapter):
             "aot",
             _bind_fused_a,
             requires=Requirement(min_sm=90),
+            skip=_fused_a_t,
         ),
         Backend(
             "sglang_cutedsl",
@@ -693,6 +710,7 @@ class Dsv3FusedAGemm(Adapter):
             "cutedsl",
             _bind_fused_a,
             requires=Requirement(min_sm=90),
+            skip=_fused_a_t,
             label="CuTe-DSL variant (sglang auto-selects it only on SM120+; its source accepts SM90+)",
             note="needs nvidia-cutlass-dsl; N in {2112, 6144}, K % 1024 == 0",
         ),
@@ -709,12 +727,6 @@ class Dsv3FusedAGemm(Adapter):
     def applies(self, case: Case) -> bool:
         return case.op == "fused_qkv_a_proj_with_mqa"
 
-    def skip_reason(self, case: Case) -> str | None:
-        m = int(case.dims["M"])
-        if not 1 <= m <= FUSED_A_MAX_T:
-            return f"sglang calls dsv3_fused_a_gemm only for 1 <= T <= {FUSED_A_MAX_T} (T={m})"
-        return None
-
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         m, n, k = _mnk(case)
         g = _gen(device, seed)
@@ -723,7 +735,7 @@ class Dsv3FusedAGemm(Adapter):
         return {"mat_a": x, "mat_b": w.t()}
 
     def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
-        return (inputs["mat_a"].double() @ inputs["mat_b"].double()).float()  # T <= 16: fp64 is cheap
+        return (inputs["mat_a"].double() @ inputs["mat_b"].double()).float()
 
     def traffic(self, case: Case) -> Traffic:
         m, n, k = _mnk(case)
@@ -775,6 +787,7 @@ class Dsv3RouterGemm(Adapter):
             "jit",
             _bind_router_jit,
             requires=Requirement(min_sm=90),
+            skip=_router_t,
             fallbacks=("sgl_kernel.gemm:dsv3_router_gemm",),
             label="what sglang 0.5.16 calls for T <= 16 (out_dtype=float32)",
             note="sglang.kernels.ops.gemm:dsv3_router_gemm is a registry wrapper over this JIT kernel",
@@ -786,6 +799,7 @@ class Dsv3RouterGemm(Adapter):
             "jit",
             _bind_router_flashinfer,
             requires=Requirement(sm=(100, 103)),
+            skip=_router_t,
         ),
         Backend(
             "cublas",
@@ -799,12 +813,6 @@ class Dsv3RouterGemm(Adapter):
 
     def applies(self, case: Case) -> bool:
         return case.op == "gate"
-
-    def skip_reason(self, case: Case) -> str | None:
-        m = int(case.dims["M"])
-        if not 1 <= m <= ROUTER_MAX_T:
-            return f"sglang calls dsv3_router_gemm only for 1 <= T <= {ROUTER_MAX_T} on sm90 (T={m})"
-        return None
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         m, n, k = _mnk(case)

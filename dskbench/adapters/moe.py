@@ -1111,25 +1111,19 @@ def moe_layer_reference(
     w2: ExpertWeights,
     logits: torch.Tensor,
     bias: torch.Tensor,
-    top_k: int,
+    routing: tuple[int, int, int, float],
     fp8_intermediate: bool = False,
 ) -> torch.Tensor:
     """DeepSeek routed-expert layer in fp32, TRT-LLM convention: GEMM1 rows are [up; gate].
+
+    ``routing`` = (top_k, n_group, topk_group, routed_scaling_factor).
 
     out[t] = sum_j w[t, j] * down_e(silu(x W1_gate^T) * (x W1_up^T)), w = renormalised sigmoid scores x
     routed_scaling_factor; ``fp8_intermediate`` passes the activation through a 1x128 FP8 quantisation
     (DeepSeek-FP8 GEMM2 input).
     """
-    cfg = _config()
-    weights, ids = grouped_topk(
-        logits,
-        bias,
-        top_k,
-        int(cfg["n_group"]),
-        int(cfg["topk_group"]),
-        True,
-        float(cfg["routed_scaling_factor"]),
-    )
+    top_k, n_group, topk_group, scale = routing
+    weights, ids = grouped_topk(logits, bias, top_k, n_group, topk_group, True, scale)
     t, inter = x.shape[0], w13.n // 2
     out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
     c13: dict[tuple[int, int], torch.Tensor] = {}
@@ -1142,6 +1136,11 @@ def moe_layer_reference(
             act = _quant_dequant_groups(act)
         out.index_add_(0, tok, (act @ w2.dequant(experts[0], c2).t()) * weights[tok, slot].unsqueeze(1))
     return out
+
+
+def _layer_routing(case: Case) -> tuple[int, int, int, float]:
+    cfg = _config()
+    return _topk(case), int(cfg["n_group"]), int(cfg["topk_group"]), float(cfg["routed_scaling_factor"])
 
 
 def _trtllm_kwargs(case: Case) -> dict[str, Any]:
@@ -1233,7 +1232,7 @@ class TrtllmBf16Moe(Adapter):
             ExpertWeights("bf16", inputs["w2"]),
             inputs["routing_logits"],
             inputs["routing_bias"],
-            _topk(case),
+            _layer_routing(case),
         )
 
     def traffic(self, case: Case) -> Traffic:
@@ -1317,7 +1316,7 @@ class TrtllmFp8BlockScaleMoe(Adapter):
             ExpertWeights("fp8_block", inputs["w2"], inputs["w2_scale"]),
             inputs["routing_logits"],
             inputs["routing_bias"],
-            _topk(case),
+            _layer_routing(case),
             fp8_intermediate=True,
         )
 

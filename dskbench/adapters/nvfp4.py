@@ -19,6 +19,7 @@ Nothing here has been run on a Blackwell GPU; what could not be checked without 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,17 @@ class _NumericsAdapter(Adapter):
 
     primary: ClassVar[str] = "w4a4"
     tolerances: ClassVar[dict[str, float]] = {"w4a4": 2e-2, "w4a16": 2e-2}
+
+    def traffic_w4a16(self, case: Case) -> Traffic:
+        """The Hopper (Marlin) row's traffic: bf16 activations, bf16 tensor-core rate."""
+        raise NotImplementedError
+
+    def traffic_for(self, backend: str, case: Case) -> Traffic:
+        """Per-backend traffic: traffic(case) is the W4A4 kernel's (FP4 rate); a W4A16 backend moves bf16
+        activations and runs at the bf16 rate. The runner asks traffic(case) today; this is for a runner
+        that asks per backend."""
+        b = {x.name: x for x in self.all_backends()}[backend]
+        return self.traffic_w4a16(case) if b.extra.get("numerics") == "w4a16" else self.traffic(case)
 
     def check(self, out: Any, ref: Any, case: Case) -> Check:
         value, numerics, _ = _untag(out, self.primary)
@@ -564,15 +576,6 @@ class CutlassScaledFp4Mm(_NumericsAdapter):
 
         return Refs("w4a4", {"w4a4": w4a4, "w4a16": w4a16})
 
-    def traffic_for(self, backend: str, case: Case) -> Traffic:
-        """Per-backend minimum traffic: the Hopper (Marlin, W4A16) row reads bf16 activations. The runner
-        uses traffic(case) for every backend; this is here for a runner that asks per backend."""
-        b = {x.name: x for x in self.all_backends()}[backend]
-        if b.extra.get("numerics") != "w4a16":
-            return self.traffic(case)
-        m, n, k = _gemm_dims(case)
-        return Traffic(gemm_traffic_w4a16(m, n, k), 2 * m * n * k, "W4A16: NVFP4 W, bf16 x and out")
-
     def traffic(self, case: Case) -> Traffic:
         m, n, k = _gemm_dims(case)
         return Traffic(
@@ -580,7 +583,12 @@ class CutlassScaledFp4Mm(_NumericsAdapter):
             2 * m * n * k,
             f"W4A4: NVFP4 x and W at 0.5625 B/elem (scale padding not counted), bf16 out; "
             f"the Hopper Marlin W4A16 row moves {gemm_traffic_w4a16(m, n, k)} B (bf16 x)",
+            compute="fp4",
         )
+
+    def traffic_w4a16(self, case: Case) -> Traffic:
+        m, n, k = _gemm_dims(case)
+        return Traffic(gemm_traffic_w4a16(m, n, k), 2 * m * n * k, "W4A16: NVFP4 W, bf16 x and out")
 
 
 @register
@@ -1286,7 +1294,11 @@ class CutlassFp4GroupMm(_MoeBase):
             flops,
             f"NVFP4 weights of ~{n_act:.1f} active experts (uniform-routing expectation) + bf16 x in/out + "
             "top-k ids/weights; intermediates not counted (same minimum for W4A4 and the W4A16 Hopper row)",
+            compute="fp4",
         )
+
+    def traffic_w4a16(self, case: Case) -> Traffic:
+        return dataclasses.replace(self.traffic(case), compute="bf16")
 
 
 def _bind_trtllm_fp4_moe(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
@@ -1401,4 +1413,5 @@ class TrtllmFp4BlockScaleMoe(_MoeBase):
             flops,
             f"NVFP4 weights of ~{n_act:.1f} active experts (uniform-routing expectation) + NVFP4 x + fp32 "
             "logits + bf16 out; intermediates not counted",
+            compute="fp4",
         )

@@ -5,6 +5,7 @@ DeepSeek-V3/R1 routes with sigmoid scores + e_score_correction_bias, 8 groups of
 the *unbiased* sigmoid scores of the chosen experts, renormalised and (NVFP4 MoE:
 ``should_fuse_routed_scaling_factor_in_topk``) multiplied by routed_scaling_factor 2.5.
 topk_softmax / topk_sigmoid are the flat gates of other MoE models, measured at the same shapes.
+Router logits and bias come from dskbench.routing_inputs, the generator the MoE adapters route with.
 
 Checks tolerate ties: an expert set passes when its selection scores, sorted, match the reference's
 (so swapping two equal-scored experts is not a failure); weights are compared as sorted vectors.

@@ -1,0 +1,483 @@
+"""MoE compute adapters (dskbench.adapters.moe) and the routing generator on CPU: inputs, references
+against naive loops, the integer checks, traffic against the catalogue's numbers, backend declarations."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from dskbench import fp8
+from dskbench.adapters import adapters, get_adapter
+from dskbench.adapters import moe as M
+from dskbench.backends import SM90_ONLY, SM100
+from dskbench.routing_inputs import (
+    active_experts,
+    deepseek_routing,
+    expert_counts,
+    grouped_topk,
+    sorted_by_expert,
+)
+from dskbench.shapes import Case, default_shapes
+
+SHAPES = default_shapes()
+TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$")
+GEMM_KERNELS = (
+    "fused_moe_kernel",
+    "fp8_blockwise_scaled_grouped_mm",
+    "es_fp8_blockwise_scaled_grouped_mm",
+    "cutlass_w4a8_moe_mm",
+)
+LAYER_KERNELS = ("trtllm_bf16_moe", "trtllm_fp8_block_scale_moe")
+BOOK_KERNELS = (
+    "moe_align_block_size",
+    "moe_sum_reduce",
+    "prepare_moe_input",
+    "get_cutlass_w4a8_moe_mm_data",
+    "shuffle_rows",
+    "apply_shuffle_mul_sum",
+)
+ALL = GEMM_KERNELS + LAYER_KERNELS + BOOK_KERNELS
+PER_EXPERT_BF16 = 88_080_384  # catalogue §5: gate_up + down of one expert, BF16
+LAYER_FLOPS_PER_TOKEN = 704_643_072  # catalogue §5: both GEMMs of the routed experts, per token
+
+
+def _case(kernel: str, t: int = 1, variant: str | None = None, tp: int = 1) -> Case:
+    a = get_adapter(kernel)
+    phase = "decode" if t <= 512 else "prefill"
+    for c in SHAPES.cases(kernel, ["experts"], a.role, phase, profile="full", tp=[tp]):
+        if c.point["T"] == t and (variant is None or c.variant == variant):
+            return c
+    raise LookupError(f"no {kernel} case T={t} {variant}")
+
+
+# -- routing ---------------------------------------------------------------------------------------------
+
+
+def _naive_routing(logits, bias, k, n_group, topk_group):
+    ids_out, w_out = [], []
+    for row in logits.double().tolist():
+        s = [1.0 / (1.0 + math.exp(-x)) for x in row]
+        b = [si + bi for si, bi in zip(s, bias.double().tolist(), strict=True)]
+        per = len(b) // n_group
+        gs = [sum(sorted(b[g * per : (g + 1) * per], reverse=True)[:2]) for g in range(n_group)]
+        keep = sorted(range(n_group), key=lambda g: -gs[g])[:topk_group]
+        ids = sorted((e for g in keep for e in range(g * per, (g + 1) * per)), key=lambda e: -b[e])[:k]
+        tot = sum(s[e] for e in ids)
+        ids_out.append(ids)
+        w_out.append([s[e] / tot for e in ids])
+    return ids_out, w_out
+
+
+def test_grouped_topk_matches_naive_routing():
+    r = deepseek_routing(5, 32, 4, n_group=4, topk_group=2, seed=7)
+    ids, w = _naive_routing(r.logits, r.bias, 4, 4, 2)
+    for t in range(5):
+        got = dict(zip(r.topk_ids[t].tolist(), r.topk_weights[t].tolist(), strict=True))
+        want = dict(zip(ids[t], w[t], strict=True))
+        assert got.keys() == want.keys()
+        assert all(abs(got[e] - want[e]) < 1e-6 for e in want)
+    w2, ids2 = grouped_topk(r.logits, r.bias, 4, 4, 2, routed_scaling_factor=2.5)
+    assert torch.equal(ids2, r.topk_ids) and torch.allclose(w2, r.topk_weights * 2.5)
+
+
+def test_routing_is_deepseek_shaped_and_uneven():
+    r = deepseek_routing(4096, seed=0)
+    assert r.topk_ids.shape == (4096, 8) and r.topk_ids.dtype == torch.int32
+    assert r.topk_weights.dtype == torch.float32 and torch.allclose(r.topk_weights.sum(1), torch.ones(4096))
+    groups = (r.topk_ids // 32).long()
+    n_groups = torch.zeros(4096, 8, dtype=torch.long).scatter_(1, groups, 1).sum(1)
+    assert int(n_groups.max()) <= 4  # topk_group = 4 of n_group = 8
+    assert all(len(set(row)) == 8 for row in r.topk_ids.tolist())
+    counts = expert_counts(r.topk_ids, 256).float()
+    assert counts.max() > 2.5 * counts.mean()  # some experts are hot
+    assert torch.equal(r.bias, r.bias.to(torch.bfloat16).float())  # exact in bf16 for the trtllm kernels
+    again = deepseek_routing(4096, seed=0)
+    assert torch.equal(again.topk_ids, r.topk_ids)
+    assert not torch.equal(deepseek_routing(4096, seed=1).topk_ids, r.topk_ids)
+
+
+def test_active_experts_and_sorted_layout():
+    assert active_experts(1) == 8
+    assert 8 < active_experts(16) <= 128
+    assert active_experts(16384) >= 250
+    ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
+    order, offsets = sorted_by_expert(ids, 4)
+    assert order.tolist() == [0, 4, 1, 2, 3, 5] and offsets.tolist() == [0, 2, 4, 4, 6]
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+
+def test_int4_packing_roundtrip_and_nibble_order():
+    q = torch.tensor([[1, -2, -8, 7]], dtype=torch.int8)
+    p = M.pack_int4(q)
+    assert p.tolist() == [[(-2 << 4) | 1, (7 << 4) | 8]]  # even index in the low nibble
+    assert torch.equal(M.unpack_int4(p), q)
+    r = torch.randint(-8, 8, (5, 64), dtype=torch.int8)
+    assert torch.equal(M.unpack_int4(M.pack_int4(r)), r)
+
+
+def test_w4a8_scale_interleave_matches_sglang_layout():
+    s = torch.arange(2 * 3 * 8, dtype=torch.float32).view(2, 3, 8)  # [E, N, K/128] with K/128 = 8
+    il = M.interleave_w4a8_scales(s)
+    assert il.shape == (2, 2, 12)
+    for e in range(2):
+        for n in range(3):
+            for g in range(8):
+                assert il[e, g // 4, n * 4 + g % 4] == s[e, n, g]
+    assert M.interleave_w4a8_scales(torch.zeros(1, 3, 2)).shape == (1, 2, 3)  # K/128 = 2: no interleave
+
+
+def test_marlin_block_size_and_padding():
+    assert M.marlin_block_size_m(1, 8, 256) == 8
+    assert M.marlin_block_size_m(512, 8, 256) == 32  # 16 rows/expert: first bs with 16/bs < 0.9
+    assert M.marlin_block_size_m(16384, 8, 256) == 64
+    assert M.align_max_padded(8, 257, 16) == 8 * 16
+    assert M.align_max_padded(4096, 257, 32) == 4096 + 257 * 31
+
+
+# -- references against naive loops ----------------------------------------------------------------------
+
+
+def _tiny_weights(fmt: str, e: int = 3, n: int = 256, k: int = 256) -> M.ExpertWeights:
+    gen = torch.Generator().manual_seed(3)
+    if fmt == "bf16":
+        return M.ExpertWeights(fmt, torch.randn(e, n, k, generator=gen).to(torch.bfloat16))
+    if fmt == "fp8_block":
+        w, s = fp8.block_quant(torch.randn(e, n, k, generator=gen))
+        return M.ExpertWeights(fmt, w, s)
+    q = torch.randint(-8, 8, (e, n, k), generator=gen, dtype=torch.int8)
+    s = (torch.rand(e, n, k // 128, generator=gen) + 0.5).to(torch.bfloat16)
+    return M.ExpertWeights(fmt, M.pack_int4(q), s)
+
+
+def _naive_weight(w: M.ExpertWeights, e: int) -> torch.Tensor:
+    if w.fmt == "bf16":
+        return w.w[e].double()
+    if w.fmt == "fp8_block":
+        full = torch.empty(w.w.shape[1:], dtype=torch.float64)
+        for i in range(full.shape[0]):
+            for j0 in range(0, full.shape[1], 128):
+                full[i, j0 : j0 + 128] = w.w[e, i, j0 : j0 + 128].double() * float(
+                    w.scale[e, i // 128, j0 // 128]
+                )
+        return full
+    q = M.unpack_int4(w.w[e]).double()
+    return q * w.scale[e].double().repeat_interleave(128, dim=1)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "w4a8"])
+def test_moe_gemm_reference_against_loops(fmt):
+    w = _tiny_weights(fmt)
+    ids = torch.tensor([[0, 2], [2, 1], [0, 1]], dtype=torch.int32)
+    tw = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]])
+    a = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
+    up = M.moe_gemm_reference(a, w, ids, None, gate_up=True)
+    a2 = torch.randn(6, 256, generator=torch.Generator().manual_seed(2))
+    down = M.moe_gemm_reference(a2, w, ids, tw, gate_up=False)
+    assert up.shape == (6, 256) and down.shape == (3, 2, 256)
+    for t in range(3):
+        for j in range(2):
+            e = int(ids[t, j])
+            want_up = a[t].double() @ _naive_weight(w, e).t()
+            want_down = float(tw[t, j]) * (a2[t * 2 + j].double() @ _naive_weight(w, e).t())
+            assert torch.allclose(up[t * 2 + j].double(), want_up, rtol=1e-4, atol=1e-3)
+            assert torch.allclose(down[t, j].double(), want_down, rtol=1e-4, atol=1e-3)
+
+
+def test_grouped_gemm_reference_uses_expert_row_ranges():
+    w = _tiny_weights("fp8_block")
+    a = torch.randn(5, 256, generator=torch.Generator().manual_seed(4))
+    out = M.grouped_gemm_reference(a, torch.tensor([0, 2, 2, 5]), w)
+    for r, e in enumerate([0, 0, 2, 2, 2]):
+        assert torch.allclose(out[r].double(), a[r].double() @ _naive_weight(w, e).t(), rtol=1e-4, atol=1e-3)
+
+
+def test_moe_layer_reference_against_loop():
+    e, h, inter = 8, 128, 128
+    gen = torch.Generator().manual_seed(5)
+    w13 = M.ExpertWeights("bf16", torch.randn(e, 2 * inter, h, generator=gen).to(torch.bfloat16) * 0.1)
+    w2 = M.ExpertWeights("bf16", torch.randn(e, h, inter, generator=gen).to(torch.bfloat16) * 0.1)
+    r = deepseek_routing(3, e, 2, n_group=4, topk_group=2, seed=2)
+    x = torch.randn(3, h, generator=gen)
+    out = M.moe_layer_reference(x, w13, w2, r.logits, r.bias, (2, 4, 2, 2.5))
+    for t in range(3):
+        want = torch.zeros(h, dtype=torch.float64)
+        for j in range(2):
+            ex = int(r.topk_ids[t, j])
+            hh = x[t].double() @ w13.w[ex].double().t()
+            act = torch.nn.functional.silu(hh[inter:]) * hh[:inter]  # rows are [up; gate]
+            want += float(r.topk_weights[t, j]) * 2.5 * (act @ w2.w[ex].double().t())
+        assert torch.allclose(out[t].double(), want, rtol=1e-4, atol=1e-4)
+
+
+# -- integer bookkeeping: references and tolerant checks ---------------------------------------------------
+
+
+def test_moe_align_reference_by_hand():
+    ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
+    sorted_ids, expert_ids, n_post = M.moe_align_reference(ids, 4, 2)
+    assert n_post.tolist() == [6]
+    assert expert_ids.tolist() == [0, 1, 3]
+    assert sorted_ids.tolist() == [0, 4, 1, 2, 3, 5] + [6] * 5  # numel 6 + (4+1)*(2-1) slots
+
+
+def test_moe_align_check_accepts_any_order_in_a_segment_and_rejects_errors():
+    a = get_adapter("moe_align_block_size")
+    c = _case("moe_align_block_size", t=64)
+    x = a.make_inputs(c, "cpu", 0)
+    assert x["topk_ids"].shape == (64, 8) and x["topk_ids"].dtype == torch.int32
+    ref = a.reference(x, c)
+    bs = a.block_size(c)
+    assert bs == 8 and ref[0].numel() == M.align_max_padded(512, 257, 8)
+    s, eids, post = (t.clone() for t in ref)
+    s[:bs] = s[:bs].flip(0)  # a block belongs to one expert: any order inside it is valid
+    out_eids = torch.cat([eids, torch.full((7,), -7, dtype=torch.int32)])  # garbage beyond the used blocks
+    assert a.check((s, out_eids, post), ref, c).ok
+    bad = s.clone()
+    tok = int((bad < 512).nonzero()[0])
+    bad[tok], bad[-1] = bad[-1].clone(), bad[tok].clone()  # a token moved into the padding tail
+    assert not a.check((bad, out_eids, post), ref, c).ok
+    wrong = out_eids.clone()
+    wrong[0] += 1
+    assert not a.check((s, wrong, post), ref, c).ok
+    assert not a.check((s, out_eids, post + bs), ref, c).ok
+
+
+def test_prepare_moe_input_reference_and_check():
+    ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
+    off, ps1, ps2, in_perm, out_perm, flat = M.prepare_reference(ids, 4, n=2048, k=7168)
+    assert off.tolist() == [0, 2, 4, 4, 6]
+    assert ps1.tolist() == [[2, 4096, 7168], [2, 4096, 7168], [0, 4096, 7168], [2, 4096, 7168]]
+    assert ps2[3].tolist() == [2, 7168, 2048]
+    assert in_perm.tolist() == [0, 2, 0, 1, 1, 2] and out_perm.tolist() == [0, 2, 3, 4, 1, 5]
+    sw = M.prepare_reference(ids, 4, n=2048, k=7168, swapped=True)
+    assert sw[1][0].tolist() == [4096, 2, 7168] and sw[2][0].tolist() == [7168, 2, 2048]
+
+    a = get_adapter("prepare_moe_input")
+    c = _case("prepare_moe_input", t=16)
+    x = a.make_inputs(c, "cpu", 1)
+    ref = a.reference(x, c)
+    # a kernel may order rows inside an expert differently: swap two rows of one expert consistently
+    e = int(torch.argmax(ref[0][1:] - ref[0][:-1]))
+    r0, r1 = int(ref[0][e]), int(ref[0][e]) + 1
+    ip, op = ref[3].clone(), ref[4].clone()
+    ip[[r0, r1]] = ip[[r1, r0]]
+    i0, i1 = (op == r0).nonzero().item(), (op == r1).nonzero().item()
+    op[i0], op[i1] = r1, r0
+    assert a.check((ref[0], ref[1], ref[2], ip, op), ref, c).ok
+    op_bad = op.clone()
+    op_bad[[0, 1]] = op[[1, 0]]  # token 0's two slots sent to each other's expert rows
+    assert not a.check((ref[0], ref[1], ref[2], ip, op_bad), ref, c).ok
+    assert not a.check((ref[0] + 1, ref[1], ref[2], ip, op), ref, c).ok
+
+
+def test_get_cutlass_w4a8_data_problem_sizes_are_n_m_k():
+    a = get_adapter("get_cutlass_w4a8_moe_mm_data")
+    c = _case("get_cutlass_w4a8_moe_mm_data", t=16)
+    x = a.make_inputs(c, "cpu", 0)
+    off, ps1, ps2 = a.reference(x, c)
+    counts = expert_counts(x["topk_ids"], 256)
+    assert ps1[:, 1].tolist() == counts.tolist() and set(ps1[:, 0].tolist()) == {4096}
+    assert set(ps2[:, 0].tolist()) == {7168} and set(ps2[:, 2].tolist()) == {2048}
+    assert a.check((off, ps1, ps2), (off, ps1, ps2), c).ok
+    assert not a.check((off, ps1.roll(1, 0), ps2), (off, ps1, ps2), c).ok
+
+
+def test_shuffle_rows_and_combine_references():
+    a = get_adapter("shuffle_rows")
+    c = _case("shuffle_rows", t=16)
+    x = a.make_inputs(c, "cpu", 0)
+    assert x["x"].dtype == torch.float8_e4m3fn and x["x"].shape == (16, 7168)
+    assert x["dst2src_map"].shape == (128,) and x["dst2src_map"].dtype == torch.int32
+    ref = a.reference(x, c)
+    assert ref.shape == (128, 7168) and a.check(ref.clone(), ref, c).ok
+    broken = ref.clone().view(torch.uint8)
+    broken[3, 5] ^= 1
+    assert not a.check(broken.view(torch.float8_e4m3fn), ref, c).ok
+
+    b = get_adapter("apply_shuffle_mul_sum")
+    cb = _case("apply_shuffle_mul_sum", t=16)
+    y = b.make_inputs(cb, "cpu", 0)
+    assert y["c2"].shape == (128, 7168) and y["factors"].dtype == torch.bfloat16
+    out = b.reference(y, cb)
+    t = 5
+    want = sum(
+        y["c2"][int(y["permutation"][t * 8 + j])].double() * float(y["factors"][t, j]) for j in range(8)
+    )
+    assert out.shape == (16, 7168) and torch.allclose(out[t].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_sum_reduce_reference():
+    a = get_adapter("moe_sum_reduce")
+    c = _case("moe_sum_reduce", t=16)
+    x = a.make_inputs(c, "cpu", 0)
+    assert x["x"].shape == (16, 8, 7168) and x["x"].dtype == torch.bfloat16
+    ref = a.reference(x, c)
+    assert torch.allclose(ref[3, 100].double(), x["x"][3, :, 100].double().sum() * 2.5)
+    assert a.check(ref.to(torch.bfloat16), ref, c).ok
+    assert not a.check((ref * 1.1).to(torch.bfloat16), ref, c).ok
+
+
+# -- every adapter at a CPU-profile case -----------------------------------------------------------------
+
+EXPECTED_INPUTS = {
+    "fused_moe_kernel": {"a": ((1, 7168), torch.bfloat16), "w": ((256, 4096, 7168), torch.bfloat16)},
+    "fp8_blockwise_scaled_grouped_mm": {
+        "a": ((8, 7168), torch.float8_e4m3fn),
+        "a_scale": ((8, 56), torch.float32),
+        "w": ((256, 4096, 7168), torch.float8_e4m3fn),
+        "w_scale": ((256, 32, 56), torch.float32),
+        "problem_sizes": ((256, 3), torch.int32),
+        "expert_offsets": ((257,), torch.int32),
+    },
+    "cutlass_w4a8_moe_mm": {
+        "a": ((8, 7168), torch.float8_e4m3fn),
+        "a_scale": ((1,), torch.float32),
+        "w": ((256, 4096, 3584), torch.int8),
+        "w_scale": ((256, 14, 16384), torch.bfloat16),
+        "problem_sizes": ((256, 3), torch.int32),
+    },
+    "trtllm_bf16_moe": {
+        "routing_logits": ((1, 256), torch.float32),
+        "routing_bias": ((256,), torch.bfloat16),
+        "hidden_states": ((1, 7168), torch.bfloat16),
+        "w13": ((256, 4096, 7168), torch.bfloat16),
+        "w2": ((256, 7168, 2048), torch.bfloat16),
+    },
+    "trtllm_fp8_block_scale_moe": {
+        "hidden_states": ((1, 7168), torch.float8_e4m3fn),
+        "hidden_states_scale": ((1, 56), torch.float32),
+        "w13_scale": ((256, 32, 56), torch.float32),
+        "w2": ((256, 7168, 2048), torch.float8_e4m3fn),
+    },
+}
+VARIANT = {
+    "fused_moe_kernel": "gate_up.bf16",
+    "fp8_blockwise_scaled_grouped_mm": "gate_up.fp8",
+    "es_fp8_blockwise_scaled_grouped_mm": "down.fp8",
+    "cutlass_w4a8_moe_mm": "gate_up.w4a8",
+}
+OUT_SHAPE = {
+    "fused_moe_kernel": (8, 4096),
+    "fp8_blockwise_scaled_grouped_mm": (8, 4096),
+    "es_fp8_blockwise_scaled_grouped_mm": (8, 7168),
+    "cutlass_w4a8_moe_mm": (8, 4096),
+    "trtllm_bf16_moe": (1, 7168),
+    "trtllm_fp8_block_scale_moe": (1, 7168),
+}
+
+
+@pytest.mark.parametrize("kernel", GEMM_KERNELS + LAYER_KERNELS)
+def test_inputs_reference_and_self_check(kernel):
+    a = get_adapter(kernel)
+    c = _case(kernel, 1, VARIANT.get(kernel))
+    x = a.make_inputs(c, "cpu", 0)
+    for name, (shape, dtype) in EXPECTED_INPUTS.get(kernel, {}).items():
+        assert tuple(x[name].shape) == shape and x[name].dtype == dtype, name
+    before = {k: v.clone() for k, v in x.items()}
+    ref = a.reference(x, c)
+    assert all(torch.equal(before[k], x[k]) for k in x), "reference modified its inputs"
+    assert ref.dtype == torch.float32 and tuple(ref.shape) == OUT_SHAPE[kernel]
+    assert torch.isfinite(ref).all() and 0.05 < float(ref.std()) < 20.0  # O(1) outputs, no overflow
+    assert a.check(ref.to(torch.bfloat16), ref, c).ok
+    assert not a.check((ref + ref.std()).to(torch.bfloat16), ref, c).ok
+
+
+def test_fused_moe_down_variant_and_fp8_reference_quantises_activations():
+    a = get_adapter("fused_moe_kernel")
+    c = _case("fused_moe_kernel", 1, "down.fp8")
+    x = a.make_inputs(c, "cpu", 0)
+    assert (
+        x["a"].shape == (8, 2048)
+        and x["w"].shape == (256, 7168, 2048)
+        and x["w_scale"].shape == (256, 56, 16)
+    )
+    ref = a.reference(x, c)
+    assert ref.shape == (1, 8, 7168)
+    w = M.ExpertWeights("fp8_block", x["w"], x["w_scale"])
+    e = int(x["topk_ids"][0, 3])
+    deq = M._quant_dequant_groups(x["a"])
+    want = float(x["topk_weights"][0, 3]) * (deq[3] @ w.dequant(e, {}).t())
+    assert torch.allclose(ref[0, 3], want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(deq, x["a"].float())  # the FP8 input quantisation is really applied
+
+
+def test_cpu_weights_share_one_slab():
+    w = M.make_expert_weights(256, 512, 256, "fp8_block", "cpu", torch.Generator().manual_seed(0))
+    assert w.w.stride(0) == 0 and w.scale.stride(0) == 0 and w.key(0) == w.key(255)
+    deq = w.dequant(7, {})
+    assert 0.5 / 16 < float(deq.std()) < 2.0 / 16  # std ~ 1/sqrt(K)
+
+
+def test_applies_filters_weight_formats():
+    fused, grouped, w4 = (
+        get_adapter(k) for k in ("fused_moe_kernel", "fp8_blockwise_scaled_grouped_mm", "cutlass_w4a8_moe_mm")
+    )
+    cases = SHAPES.cases("x", ["experts"], "moe_gemm", "decode", profile="cpu")
+    assert {c.dims["weight"] for c in cases if fused.applies(c)} == {"bf16", "fp8_block"}
+    assert {c.dims["weight"] for c in cases if grouped.applies(c)} == {"fp8_block"}
+    assert {c.dims["weight"] for c in cases if w4.applies(c)} == {"w4a8"}
+
+
+# -- traffic ---------------------------------------------------------------------------------------------
+
+
+def test_traffic_matches_catalogue():
+    fused = get_adapter("fused_moe_kernel")
+    up, down = (
+        fused.traffic(_case("fused_moe_kernel", 1, "gate_up.bf16")),
+        fused.traffic(_case("fused_moe_kernel", 1, "down.bf16")),
+    )
+    assert up.flops + down.flops == LAYER_FLOPS_PER_TOKEN
+    act = 7168 * 2 + 8 * 4096 * 2 + 8 * 4  # A in, C out, topk ids
+    assert up.bytes == 8 * 4096 * 7168 * 2 + act
+    assert up.bytes + down.bytes > 8 * PER_EXPERT_BF16
+    fp8_per_expert = M.weight_bytes(4096, 7168, "fp8_block") + M.weight_bytes(7168, 2048, "fp8_block")
+    assert fp8_per_expert == 44_040_192 + 4 * (32 * 56 + 56 * 16)
+    assert M.weight_bytes(4096, 7168, "w4a8") == 4096 * 7168 // 2 + 4096 * 56 * 2
+    layer = get_adapter("trtllm_bf16_moe").traffic(_case("trtllm_bf16_moe", 16))
+    assert layer.flops == 16 * LAYER_FLOPS_PER_TOKEN
+    assert layer.bytes - active_experts(16) * PER_EXPERT_BF16 == 16 * 256 * 4 + 256 * 2 + 2 * 16 * 7168 * 2
+    assert get_adapter("moe_sum_reduce").traffic(_case("moe_sum_reduce", 16)).bytes == 129_024 * 16
+    assert (
+        get_adapter("apply_shuffle_mul_sum").traffic(_case("apply_shuffle_mul_sum", 16)).bytes == 129_072 * 16
+    )
+    g = get_adapter("fp8_blockwise_scaled_grouped_mm").traffic(
+        _case("fp8_blockwise_scaled_grouped_mm", 1, "gate_up.fp8")
+    )
+    assert g.flops == 2 * 8 * 4096 * 7168
+    tp8 = fused.traffic(_case("fused_moe_kernel", 1, "down.bf16", tp=8))
+    assert tp8.flops == 2 * 8 * 7168 * 256  # I / tp
+
+
+# -- backends --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ALL)
+def test_backends_declared(kernel):
+    cls = adapters()[kernel]
+    assert cls.role in ("moe", "moe_gemm") and cls.ops == ("experts",)
+    names = [b.name for b in cls.backends]
+    assert names and len(names) == len(set(names))
+    for b in cls.backends:
+        for t in (b.target, *b.fallbacks):
+            assert TARGET.match(t), t
+        if b.target.startswith("torch.ops."):
+            assert b.preload == ("sgl_kernel",)
+    if kernel in LAYER_KERNELS:
+        assert all(b.requires == SM100 for b in cls.backends)
+    if kernel in ("es_fp8_blockwise_scaled_grouped_mm", "cutlass_w4a8_moe_mm"):
+        assert all(b.requires == SM90_ONLY for b in cls.backends)
+
+
+def test_moe_gemm_role_variants_in_shapes():
+    cases = SHAPES.cases("x", ["experts"], "moe_gemm", "decode", profile="cpu")
+    assert {c.variant for c in cases} == {
+        f"{g}.{w}" for g in ("gate_up", "down") for w in ("bf16", "fp8", "w4a8")
+    }
+    up = next(c for c in cases if c.variant == "gate_up.bf16" and c.point["T"] == 16)
+    assert up.dims == {"T": 16, "N": 4096, "K": 7168, "E": 256, "topk": 8, "weight": "bf16"}

@@ -1,0 +1,213 @@
+"""Quantisation adapters (dskbench.adapters.quant) on CPU: the kernels' scale formula and rounding,
+scale layouts, the code-level check, traffic, and binders against the library signatures."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from dskbench.adapters import get_adapter
+from dskbench.adapters import quant as Q
+from dskbench.adapters._smallops import FP8, SGLANG_SM90
+from dskbench.backends import KINDS
+from dskbench.shapes import Case, default_shapes
+
+SHAPES = default_shapes()
+TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$")
+GROUP_KERNELS = (
+    "sgl_per_token_group_quant_fp8",
+    "sgl_per_token_group_quant_8bit",
+    "sgl_per_token_group_quant_int8",
+)
+OWN_OP = {
+    "sgl_per_token_quant_fp8": "per_token_quant_fp8",
+    "sgl_per_token_group_quant_fp8": "per_token_group_quant_fp8",
+    "sgl_per_token_group_quant_8bit": "per_token_group_quant_8bit",
+    "sgl_per_token_group_quant_int8": "per_token_group_quant_int8",
+}
+
+
+def _case(kernel: str, t: int = 16, variant: str = "K7168") -> Case:
+    cases = SHAPES.cases(kernel, [OWN_OP[kernel]], "quant", "decode", profile="cpu")
+    return next(c for c in cases if c.point["T"] == t and c.variant == variant)
+
+
+def test_each_name_is_measured_at_its_own_op_only():
+    for kernel, own in OWN_OP.items():
+        a = get_adapter(kernel)
+        assert a.ops == (own,)
+        for op in OWN_OP.values():
+            case = SHAPES.cases(kernel, [op], "quant", "decode", profile="cpu")[0]
+            assert a.applies(case) == (op == own)
+
+
+@pytest.mark.parametrize("kernel", [*GROUP_KERNELS, "sgl_per_token_quant_fp8"])
+def test_inputs_are_bf16_activations_with_outlier_channels(kernel):
+    x = get_adapter(kernel).make_inputs(_case(kernel), "cpu", 0)["x"]
+    assert x.shape == (16, 7168) and x.dtype == torch.bfloat16 and x.is_contiguous()
+    col_amax = x.float().abs().amax(0)
+    assert float(col_amax.max()) > 5 * float(col_amax.median())  # some channels carry outliers
+
+
+def test_fp8_reference_rounds_to_nearest_e4m3_with_scale_amax_over_448():
+    x = torch.tensor([[448.0, 1.0, -3.3, 1e-4]])
+    q, s = Q.quantize_ref(x, 4, FP8)
+    assert s.tolist() == [[1.0]] and q.dtype == FP8
+    assert q.float().tolist() == [[448.0, 1.0, -3.25, 0.0]]  # 3.3 -> 3.25 (3 mantissa bits), 1e-4 underflows
+    x2 = torch.tensor([[2.0, -1.0, 0.5, 0.25]])
+    q2, s2 = Q.quantize_ref(x2, 4, FP8)
+    assert torch.allclose(s2, torch.tensor([[2.0 / 448]]))
+    assert q2.float().tolist() == [[448.0, -224.0, 112.0, 56.0]]
+
+
+def test_int8_reference_truncates_toward_zero():
+    x = torch.tensor([[2.0, 0.99, -0.99, 0.01]])
+    q, s = Q.quantize_ref(x, 4, torch.int8)
+    assert torch.allclose(s, torch.tensor([[2.0 / 127]]))
+    assert q.tolist() == [[127, 62, -62, 0]]  # 0.99 * 63.5 = 62.87 -> 62 (rounding would give 63)
+
+
+def test_group_reference_shapes_and_dequant_error():
+    for kernel in GROUP_KERNELS:
+        a = get_adapter(kernel)
+        case = _case(kernel, variant="K1536")
+        inp = a.make_inputs(case, "cpu", 1)
+        q, s = a.reference(inp, case)
+        assert q.shape == (16, 1536) and s.shape == (16, 12) and s.dtype == torch.float32
+        deq = q.float() * s.repeat_interleave(128, dim=1)
+        err = (deq - inp["x"].float()).norm() / inp["x"].float().norm()
+        assert err < (0.04 if q.dtype == FP8 else 0.02), (kernel, float(err))
+
+
+def test_traffic_matches_the_catalogue():
+    m, k = 16, 7168
+    tok = get_adapter("sgl_per_token_quant_fp8").traffic(_case("sgl_per_token_quant_fp8"))
+    assert (tok.bytes, tok.flops) == (3 * m * k + 4 * m, 3 * m * k)
+    for kernel in GROUP_KERNELS:
+        grp = get_adapter(kernel).traffic(_case(kernel))
+        assert (grp.bytes, grp.flops) == (3 * m * k + 4 * m * k // 128, 3 * m * k)
+
+
+# -- the code-level check ------------------------------------------------------------------------------
+
+
+def _ref(kernel: str, seed: int = 2):
+    a = get_adapter(kernel)
+    case = _case(kernel)
+    return a, case, a.reference(a.make_inputs(case, "cpu", seed), case)
+
+
+def test_check_accepts_rare_one_step_differences():
+    a, case, (q, s) = _ref("sgl_per_token_group_quant_fp8")
+    assert a.check((q, s), (q, s), case).ok
+    q2 = q.float()
+    v = q2[0, 0].item()
+    q2[0, 0] = v + Q._fp8_step(torch.tensor(abs(v))).item() * (1 if v >= 0 else -1)  # one code up
+    assert a.check((q2.to(FP8), s), (q, s), case).ok
+
+
+def test_check_rejects_wrong_codes_and_scales():
+    a, case, (q, s) = _ref("sgl_per_token_group_quant_fp8")
+    assert not a.check((q, s * 1.001), (q, s), case).ok  # scale off the formula
+    assert not a.check(((q.float() * 1.3).to(FP8), s), (q, s), case).ok  # many codes off
+    far = q.float()
+    far[0, 0] = far[0, 0] * 2 + 1
+    assert not a.check((far.to(FP8), s), (q, s), case).ok  # one code off by more than a step
+    ai, icase, (qi, si) = _ref("sgl_per_token_group_quant_int8")
+    assert ai.check((qi, si), (qi, si), icase).ok
+    assert not ai.check((qi.float().round().to(torch.int8), si), (qi.to(torch.int16), si), icase).ok  # dtype
+
+
+# -- binders -------------------------------------------------------------------------------------------
+
+
+def _spec(case: Case):
+    return get_adapter(case.kernel)
+
+
+def _write(x, output_q, output_s, group_size, lo, hi):
+    q, s = Q.quantize_ref(x, group_size, output_q.dtype)
+    assert (lo, hi) == ((-448.0, 448.0) if output_q.dtype == FP8 else (-128.0, 127.0))
+    output_q.copy_(q)
+    output_s.copy_(s)
+
+
+def v2(input, output_q, output_s, group_size, eps, min_8bit, max_8bit, scale_ue8m0=False,
+       fuse_silu_and_mul=False, masked_m=None):  # fmt: skip
+    """sgl_per_token_group_quant_8bit_v2 AOT op and the JIT v2 kernel."""
+    assert (
+        group_size == 128 and eps == 1e-10 and not scale_ue8m0 and not fuse_silu_and_mul and masked_m is None
+    )
+    _write(input, output_q, output_s, group_size, min_8bit, max_8bit)
+
+
+def v1(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0=False):
+    assert not scale_ue8m0
+    _write(input, output_q, output_s, group_size, fp8_min, fp8_max)
+
+
+def triton_fp8(x, group_size, eps=1e-10, dtype=FP8, column_major_scales=False, scale_tma_aligned=False,
+               scale_ue8m0=False):  # fmt: skip
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=dtype)
+    s = Q._scales_buffer(m, k, group_size, "col_tma" if column_major_scales else "row", x.device)
+    assert column_major_scales == scale_tma_aligned
+    _write(x, q, s, group_size, -448.0, 448.0)
+    return q, s
+
+
+def triton_int8(x, group_size, eps=1e-10, dtype=torch.int8):
+    q, s = torch.empty(x.shape, dtype=dtype), torch.empty((x.shape[0], x.shape[1] // group_size))
+    _write(x, q, s, group_size, -128.0, 127.0)
+    return q, s
+
+
+FAKES = {"sgl_kernel": v2, "sgl_kernel.v1": v1, "sglang_jit": v2, "sglang_jit.v1": v1}
+
+
+@pytest.mark.parametrize("kernel", GROUP_KERNELS)
+def test_group_binders_and_scale_layouts(kernel):
+    a = get_adapter(kernel)
+    case = _case(kernel, t=1 if kernel.endswith("fp8") else 16)
+    m = case.dims["T"]
+    for b in a.backends:
+        inp = a.make_inputs(case, "cpu", 3)
+        ref = a.reference(inp, case)
+        fake = FAKES.get(b.name) or (triton_int8 if kernel.endswith("int8") else triton_fp8)
+        q, s = b.bind(fake, inp, case)()
+        assert q.dtype == (torch.int8 if kernel.endswith("int8") else FP8)
+        if kernel.endswith("fp8"):  # DeepGEMM on Hopper: column-major, M padded to 4
+            assert s.stride() == (1, (m + 3) // 4 * 4)
+        else:
+            assert s.stride() == (s.shape[1], 1)
+        assert a.check((q, s), ref, case).ok, b.name
+
+
+def test_per_token_binder():
+    a = get_adapter("sgl_per_token_quant_fp8")
+    case = _case(a.kernel)
+    inp = a.make_inputs(case, "cpu", 4)
+
+    def aot(input, output_q, output_s):  # torch.ops.sgl_kernel.sgl_per_token_quant_fp8.default
+        q, s = Q.quantize_ref(input, input.shape[1], FP8)
+        output_q.copy_(q)
+        output_s.copy_(s)
+
+    q, s = a.backends[0].bind(aot, inp, case)()
+    assert s.shape == (16, 1) and q.dtype == FP8
+    assert a.check((q, s), a.reference(inp, case), case).ok
+
+
+@pytest.mark.parametrize("kernel", [*GROUP_KERNELS, "sgl_per_token_quant_fp8"])
+def test_backends_are_well_formed(kernel):
+    a = get_adapter(kernel)
+    assert len({b.name for b in a.backends}) == len(a.backends)
+    for b in a.backends:
+        assert TARGET.match(b.target) and b.kind in KINDS and b.requires.sm is None
+        if b.target.startswith("torch.ops."):
+            assert b.preload == ("sgl_kernel",)
+    labelled = [b.name for b in a.backends if b.label == SGLANG_SM90]
+    expected = {"sgl_per_token_quant_fp8": "sgl_kernel", "sgl_per_token_group_quant_int8": "sglang_triton"}
+    assert labelled == [expected.get(kernel, "sglang_jit")]
