@@ -16,13 +16,18 @@ backends are skipped with the runner's reason.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dskbench import suite
+if importlib.util.find_spec("dskbench") is None:  # plain `pytest bench` in a checkout, not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dskbench import suite  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,6 +65,7 @@ class _Session:
         # On a CPU, plan the GPU backends too: they show up as skipped tests with the runner's reason.
         self.selection = dataclasses.replace(sel, all_backends=sel.device == "cpu")
         self._plan: suite.Plan | None = None
+        self._kernel_of: dict[str, str] = {}
         self.selected: dict[str, set[str]] = {}
         self.measured: dict[str, dict[str, Any]] = {}
         from dskbench import paths
@@ -70,10 +76,15 @@ class _Session:
     def plan(self) -> suite.Plan:
         if self._plan is None:
             self._plan = suite.load_plan(self.selection)
+            self._kernel_of = self._plan.kernel_of()
         return self._plan
 
+    def kernel_of(self, key: str) -> str | None:
+        self.plan  # noqa: B018 - loads the plan and its key index
+        return self._kernel_of.get(key)
+
     def result(self, key: str) -> dict[str, Any]:
-        kernel = self.plan.kernel_of()[key]
+        kernel = self.kernel_of(key)
         if kernel not in self.measured:
             keys = self.selected.get(kernel) or {key}
             self.measured[kernel] = suite.measure_kernel(
@@ -104,11 +115,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     s = getattr(session.config, "_dskbench", None)
     if s is None:
         return
-    kernel_of = s.plan.kernel_of()
     for item in session.items:
-        key = getattr(item, "callspec", None) and item.callspec.params.get("dsk_case")
-        if key in kernel_of:
-            s.selected.setdefault(kernel_of[key], set()).add(key)
+        callspec = getattr(item, "callspec", None)
+        key = callspec.params.get("dsk_case") if callspec else None
+        kernel = s.kernel_of(key) if key else None
+        if kernel:
+            s.selected.setdefault(kernel, set()).add(key)
 
 
 @pytest.fixture

@@ -132,3 +132,27 @@ def active_experts(
     """
     r = deepseek_routing(num_tokens, num_experts, top_k, n_group, topk_group, seed=0)
     return int((expert_counts(r.topk_ids, num_experts) > 0).sum())
+
+
+def routing_margin(
+    logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int
+) -> torch.Tensor:
+    """Per token, how close its grouped top-k choice is to a tie (fp32 [T]).
+
+    The smaller of the gap between the last kept and the first dropped group score, and between the
+    k-th and (k+1)-th expert score of the kept groups. A kernel that rounds its scores differently may
+    pick another expert where this is tiny; checks leave such tokens out.
+    """
+    t, e = logits.shape
+    choice = logits.float().sigmoid() + bias.float().unsqueeze(0)
+    group_scores = choice.view(t, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
+    gs = group_scores.sort(dim=-1, descending=True).values
+    group_gap = (
+        gs[:, topk_group - 1] - gs[:, topk_group] if topk_group < n_group else torch.full_like(gs[:, 0], 1.0)
+    )
+    keep = group_scores.topk(topk_group, dim=-1).indices
+    mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0)
+    mask = mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
+    ranked = choice.masked_fill(mask == 0, float("-inf")).sort(dim=-1, descending=True).values
+    expert_gap = ranked[:, top_k - 1] - ranked[:, top_k]
+    return torch.minimum(group_gap, expert_gap)

@@ -243,12 +243,27 @@ def prepare_case(
     too_big = _memory_shortfall(traffic.bytes, dev)
     if too_big:
         return {**base, "status": "skipped", "reason": too_big}, None
+    stages: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        _sync(dev)
+        now = time.perf_counter()
+        stages[name] = round(now - t, 4)
+        t = now
+
     inputs = adapter.make_inputs(case, dev, seed)
+    lap("inputs_s")
     ref = adapter.reference(inputs, case)
+    lap("reference_s")
     launch = backend.bind(resolved.fn, inputs, case)
+    lap("bind_s")
     out = launch()
-    _sync(dev)
+    lap("first_launch_s")
     chk = adapter.check(out, ref, case)
+    lap("check_s")
+    base["stages"] = stages
     base["check"] = {"error": chk.error, "tolerance": chk.tolerance, "detail": chk.detail}
     del out, ref
     if not chk.ok:

@@ -192,7 +192,7 @@ def detect_device() -> str:
 
 @dataclass
 class Plan:
-    """kernel -> its work items (as the runner's WorkItem fields), in a stable order."""
+    """kernel -> its work items (the runner's WorkItem fields but the index), in a stable order."""
 
     selection: Selection
     kernels: dict[str, list[dict[str, Any]]]
@@ -253,7 +253,7 @@ def make_plan(sel: Selection) -> Plan:
     kernels: dict[str, list[dict[str, Any]]] = {}
     seen: set[str] = set()
     for it in items:
-        d = {"kernel": it.kernel, "backend": it.backend, "case": it.case}
+        d = {k: v for k, v in dataclasses.asdict(it).items() if k != "index"}  # every WorkItem field
         key = item_key(d)
         if key not in seen:  # asv params must be unique
             seen.add(key)
@@ -274,8 +274,10 @@ def load_plan(sel: Selection, cache_dir: Path | None = None) -> Plan:
             return Plan.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError, SuiteError):
             pass  # damaged or stale format: plan again
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # the planner writes here (its stdout is not ours)
     proc = subprocess.run(
-        [sys.executable, "-m", "dskbench.suite", "plan"],
+        [sys.executable, "-m", "dskbench.suite", "plan", str(tmp)],
         input=json.dumps(sel.to_json()),
         capture_output=True,
         text=True,
@@ -283,11 +285,9 @@ def load_plan(sel: Selection, cache_dir: Path | None = None) -> Plan:
         timeout=600,
     )
     if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
         raise SuiteError(f"planning failed (exit {proc.returncode}):\n{proc.stderr.strip()[-3000:]}")
-    data = json.loads(proc.stdout)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
+    data = json.loads(tmp.read_text())
     os.replace(tmp, path)
     return Plan.from_json(data)
 
@@ -370,7 +370,7 @@ def measure_kernel(
     from dskbench.results import read_runs
     from dskbench.runner import WorkItem, run_sweep
 
-    work = [WorkItem(i, it["kernel"], it["backend"], it["case"]) for i, it in enumerate(items)]
+    work = [WorkItem(index=i, **it) for i, it in enumerate(items)]
     with tempfile.TemporaryDirectory(prefix="dskbench-suite-") as tmp, _child_pythonpath():
         out = Path(tmp) / "results.jsonl"
         summary = run_sweep(work, [], sel.options(), out, progress=progress)
@@ -521,16 +521,16 @@ def replay(benchmark: Any, samples_s: list[float], clock: ReplayClock = REPLAY_C
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["plan"]:
+    if len(argv) == 2 and argv[0] == "plan":
         sel = Selection.from_json(json.loads(sys.stdin.read()))
         try:
             plan = make_plan(sel)
         except SuiteError as e:
             print(f"dskbench.suite: {e}", file=sys.stderr)
             return 2
-        json.dump(plan.to_json(), sys.stdout)
+        Path(argv[1]).write_text(json.dumps(plan.to_json()))
         return 0
-    print("usage: python -m dskbench.suite plan < selection.json", file=sys.stderr)
+    print("usage: python -m dskbench.suite plan OUT.json < selection.json", file=sys.stderr)
     return 2
 
 

@@ -50,6 +50,22 @@ def mla_softmax_scale() -> float:
     return float(cfg["Dq"]) ** -0.5 * mscale * mscale
 
 
+_WORKSPACES: dict[tuple[str, str, int], torch.Tensor] = {}
+
+
+def shared_workspace(name: str, nbytes: int, device: torch.device, zeroed: bool = False) -> torch.Tensor:
+    """One workspace per (name, device), shared by every bind, as SGLang shares one across its wrappers.
+
+    Rotated input sets each bind a launcher; they run one after another, so sharing is safe and keeps
+    64 sets from holding 64 x 384 MB.
+    """
+    key = (name, str(device), nbytes)
+    if key not in _WORKSPACES:
+        alloc = torch.zeros if zeroed else torch.empty
+        _WORKSPACES[key] = alloc(nbytes, dtype=torch.uint8 if not zeroed else torch.int8, device=device)
+    return _WORKSPACES[key]
+
+
 def _generator(device: str, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
@@ -148,7 +164,7 @@ def _bind_flashinfer_mla(fn: Any, inputs: dict[str, Any], case: Case) -> Callabl
     q, kv = inputs["q"], inputs["kv_cache"]
     b, nh, _ = q.shape
     lkv = int(case.dims["Lkv"])
-    workspace = torch.empty(FLASHINFER_MLA_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
+    workspace = shared_workspace("flashinfer_mla", FLASHINFER_MLA_WORKSPACE_BYTES, q.device)
     wrapper = fn(workspace, backend="auto")
     kv_indptr, kv_indices = _token_indices(inputs, torch.int32)
     qo_indptr = torch.arange(b + 1, dtype=torch.int32, device=q.device)
@@ -326,7 +342,7 @@ def _trtllm_decode_args(inputs: dict[str, Any], case: Case) -> dict[str, Any]:
     return {
         "query": q.unsqueeze(1),  # [B, q_len=1, Nh, 576]
         "kv_cache": kv.view(-1, TRTLLM_PAGE, kv.shape[1]).unsqueeze(1),  # [pages, 1, 64, 576]
-        "workspace_buffer": torch.zeros(TRTLLM_MLA_WORKSPACE_BYTES, dtype=torch.int8, device=q.device),
+        "workspace_buffer": shared_workspace("trtllm_mla", TRTLLM_MLA_WORKSPACE_BYTES, q.device, zeroed=True),
         "qk_nope_head_dim": int(d["Dn"]) if "Dn" in d else int(_config()["Dn"]),
         "kv_lora_rank": int(d["Lkv"]),
         "qk_rope_head_dim": int(d["Dr"]),
@@ -551,7 +567,7 @@ def _bind_trtllm_ragged(fn: Any, inputs: dict[str, Any], case: Case) -> Callable
     cu, lens = _ragged_meta(case, dev)
     cu32 = cu.to(torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-    workspace = torch.zeros(TRTLLM_MLA_WORKSPACE_BYTES, dtype=torch.int8, device=dev)
+    workspace = shared_workspace("trtllm_mla", TRTLLM_MLA_WORKSPACE_BYTES, dev, zeroed=True)
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=dev)
     kw = {
         "query": q,

@@ -82,9 +82,12 @@ def _sorted(p: torch.Tensor) -> torch.Tensor:
 def top_k_sets(p: torch.Tensor, top_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(nominal, must, may) for keeping the k largest probabilities of each row."""
     s = _sorted(p)
-    kth = s.gather(1, (top_k.long() - 1).clamp(0, p.shape[1] - 1)[:, None])
+    k = top_k.long()[:, None]
+    kth = s.gather(1, (k - 1).clamp(0, p.shape[1] - 1))
+    after = s.gather(1, k.clamp(0, p.shape[1] - 1))  # the (k+1)-th value: anything above it is in
     pd = p.double()
-    return pd >= kth, pd > kth, pd >= kth
+    must = (pd > after) | (k >= p.shape[1])
+    return pd >= kth, must, pd >= kth
 
 
 def top_p_sets(p: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

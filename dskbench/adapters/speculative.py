@@ -7,7 +7,8 @@ num_steps 3, num_draft_tokens 4):
   `sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess` (backend "sglang_triton.topk1",
   labelled), not `fast_topk`. `sgl_kernel.fast_topk` (what the trace names) is plain PyTorch —
   `torch.max` for topk 1, `torch.topk` otherwise — with no custom kernel (backend "sgl_kernel",
-  kind torch); SGLang uses it for topk > 1.
+  kind torch); SGLang calls it in the decode draft loop for topk > 1 and, for any topk, once after a
+  prefill (`_draft_extend_for_prefill`).
 * tree building: `eagle_utils.build_tree_kernel_efficient` -> sgl-kernel AOT
   `build_tree_kernel_efficient` with FULL_MASK (labelled); the Triton twin
   `spec_tree.sgl_build_tree_kernel_efficient_triton` is the XPU path.
@@ -20,7 +21,8 @@ num_steps 3, num_draft_tokens 4):
 Inputs are built the way SGLang builds them: the draft tree comes from a simulation of
 `select_top_k_tokens` + `organize_draft_results` (random draft probabilities, so it works for any topk),
 the retrieve links from the python reference of the tree builder, candidates are drawn mostly from the
-target distribution so acceptance lengths vary. Sequence lengths (for the FULL_MASK tree mask) are drawn
+target distribution (tempered, top-p 0.95 renormalised, with confident rows) so every acceptance length
+occurs. Sequence lengths (for the FULL_MASK tree mask) are drawn
 in [1024, 8192). References mirror the CUDA kernels' control flow and are compared exactly; the final
 token of the sampling verify is checked for membership in the residual distribution's support.
 """

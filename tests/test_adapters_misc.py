@@ -1,0 +1,52 @@
+"""Non-kernel traced names (dskbench.adapters.misc): no adapters, and the GPU-test helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dskbench.adapters import get_adapter
+from dskbench.adapters import misc as M
+from dskbench.backends import Unavailable
+
+
+def test_host_functions_have_no_adapter():
+    # registry statuses `utility` and `host-only`: nothing to time on the device
+    assert get_adapter("weak_ref_tensor") is None
+    assert get_adapter("cutlass_mla_get_workspace_size") is None
+
+
+def test_workspace_size_helper_passes_deepseek_arguments():
+    seen = []
+
+    def fake(max_seq_len, num_batches, sm_count=0, num_kv_splits=1):
+        seen.append((max_seq_len, num_batches, sm_count, num_kv_splits))
+        return 1 << 20
+
+    assert M.cutlass_mla_workspace_size(fn=fake) == 1 << 20
+    assert seen == [(163840, 64, 0, 1)]
+
+
+@pytest.mark.parametrize("bad", [0, -4, 12.0, True, None])
+def test_workspace_size_helper_rejects_non_positive_or_non_int(bad):
+    with pytest.raises(ValueError, match="positive int"):
+        M.cutlass_mla_workspace_size(fn=lambda *args: bad)
+
+
+def test_weak_ref_helper_demands_an_alias():
+    t = torch.arange(12.0).view(3, 4)
+    assert M.check_weak_ref(t, fn=lambda x: x.view(x.shape)).data_ptr() == t.data_ptr()
+    for wrong in (lambda x: x.clone(), lambda x: x.view(4, 3), lambda x: x.to(torch.float64)):
+        with pytest.raises(ValueError, match="did not alias"):
+            M.check_weak_ref(t, fn=wrong)
+
+
+def test_helpers_name_the_sgl_kernel_functions():
+    # resolution needs sgl_kernel (GPU box); on this machine it must fail cleanly, not crash
+    try:
+        import sgl_kernel  # noqa: F401
+    except ImportError:
+        with pytest.raises(Unavailable):
+            M.cutlass_mla_workspace_size()
+    assert M.WORKSPACE_TARGET == "sgl_kernel.attention:cutlass_mla_get_workspace_size"
+    assert M.WEAK_REF_TARGET == "sgl_kernel.memory:weak_ref_tensor"
