@@ -287,9 +287,7 @@ def execute_item(
     launchers = [prep.launch]
     if opts.mode == "rotate":
         launchers += _rotation_sets(prep)
-    settings = core.MeasureSettings.quick() if opts.profile == "quick" else core.MeasureSettings()
-    if opts.budget_s is not None:
-        settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
+    settings = measure_settings(opts)
     mode = "hot" if opts.mode == "rotate" else opts.mode  # rotate: no flush, the sets overflow L2
     m = core.measure(
         launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
@@ -305,6 +303,19 @@ def execute_item(
     clock_keys = ("clocks_before", "clocks_after", "throttled", "throttle_reasons")
     clocks = {k: timing.pop(k) for k in clock_keys if k in timing}
     return {**base, "status": "ok", "timing": timing, "metrics": metrics, "clocks": clocks}
+
+
+def measure_settings(opts: SweepOptions) -> Any:
+    """The core's settings for a sweep: quick lists get a short budget; a CPU run (reference timings,
+    some of them seconds per call) warms up once and stops at its budget."""
+    from dskbench.measure import MeasureSettings
+
+    settings = MeasureSettings.quick() if opts.profile in ("quick", "cpu") else MeasureSettings()
+    if opts.device == "cpu":
+        settings = dataclasses.replace(settings, warmup_launches=1, min_samples=3, min_time_s=0.0)
+    if opts.budget_s is not None:
+        settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
+    return settings
 
 
 def _rotation_sets(prep: Prepared) -> list:

@@ -7,7 +7,16 @@ import time
 import pytest
 
 from dskbench.measure import Measurement, MeasureSettings, measure
-from dskbench.measure.core import CaptureFailed, drive, launches_for, rotation, select_timer
+from dskbench.measure.core import (
+    CaptureFailed,
+    assemble,
+    drive,
+    gap_for,
+    launches_for,
+    rotation,
+    select_timer,
+    subtract_gap,
+)
 
 
 def test_rotation_round_robin() -> None:
@@ -163,3 +172,41 @@ def test_quick_settings_are_smaller() -> None:
     assert q.max_time_s < d.max_time_s and q.min_samples <= d.min_samples
     assert d.target_noise == 0.01 and d.flush_bytes is None
     assert MeasureSettings.quick(max_time_s=9.0).max_time_s == 9.0
+
+
+def test_gap_for_picks_the_method_and_mode() -> None:
+    s = MeasureSettings(launch_gap_us={"hot": 0.3, "cold": 0.36, "eager_cold": 3.0})
+    assert gap_for(s, "cuda-graph", "hot") == 0.3 and gap_for(s, "cuda-graph", "cold") == 0.36
+    assert gap_for(s, "cuda-eager", "cold") == 3.0
+    assert gap_for(s, "cuda-eager", "hot") is None  # not calibrated: uncorrected
+    assert gap_for(s, "cpu-wall", "hot") is None
+    assert gap_for(MeasureSettings(), "cuda-graph", "hot") is None
+
+
+def test_subtract_gap_shifts_and_clamps() -> None:
+    assert subtract_gap([1.0, 0.5, 0.2, 2.0], 0.3) == pytest.approx([0.7, 0.2, 0.0, 1.7])
+    assert subtract_gap([1.0, 0.2], None) == [1.0, 0.2]
+
+
+def test_drive_and_assemble_report_corrected_and_raw() -> None:
+    raw_batch = [1.0, 1.2, 1.1, 0.25, 1.4]
+    t = FakeTimer("cuda-graph", samples=raw_batch)
+    s = MeasureSettings(min_samples=10, min_time_s=0.0, max_samples=10, cooldown=0.0)
+    raw: list[float] = []
+    st = drive(t, s, gap_us=0.3, raw=raw)
+    assert raw == raw_batch * 2
+    assert st.samples == pytest.approx([0.7, 0.9, 0.8, 0.0, 1.1] * 2)  # the stopper saw corrected samples
+    m = assemble(st, method="cuda-graph", mode="hot", device="cuda:0", n_sets=1, launches_per_sample=4,
+                 wall_s=0.1, launch_gap_us=0.3, raw_samples=raw)  # fmt: skip
+    assert m.launch_gap_us == 0.3
+    assert m.raw_median_us == pytest.approx(1.1)
+    assert m.median_us == pytest.approx(0.8)  # every statistic from the corrected samples
+    assert m.mean_us == pytest.approx(sum([0.7, 0.9, 0.8, 0.0, 1.1]) / 5)
+    assert m.min_us == 0.0 and m.max_us == pytest.approx(1.1)
+    assert m.p10_us < m.median_us < m.p90_us
+    assert m.samples_us == pytest.approx(st.samples)
+    assert any("2 samples shorter than the launch gap" in n for n in m.notes)
+    assert Measurement(**m.to_dict()) == m
+    plain = assemble(st, method="cuda-graph", mode="hot", device="cuda:0", n_sets=1, launches_per_sample=4,
+                     wall_s=0.1)  # fmt: skip
+    assert plain.raw_median_us is None and plain.launch_gap_us is None and plain.notes == []

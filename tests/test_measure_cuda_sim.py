@@ -229,3 +229,33 @@ def test_eager_detects_a_sleep_too_short(sim: Sim, monkeypatch) -> None:
     assert calls[0] > 100
     assert m.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US, rel=0.05)
     assert m.max_us < KERNEL_US + COLD_EXTRA_US + 5.0  # no sample with the GPU waiting for the host
+
+
+@pytest.mark.parametrize(("mode", "expect"), [("hot", KERNEL_US), ("cold", KERNEL_US + COLD_EXTRA_US)])
+def test_graph_launch_gap_subtracted_and_raw_kept(sim: Sim, mode: str, expect: float) -> None:
+    gap = {"hot": 0.5, "cold": 1.0}[mode]
+    s = SETTINGS.with_(launch_gap_us={"hot": 0.5, "cold": 1.0, "eager_hot": 9.0})
+    m = measure(launchers(sim, 2), mode=mode, settings=s)
+    assert m.method == "cuda-graph" and m.launch_gap_us == gap
+    assert m.raw_median_us == pytest.approx(expect, rel=0.05)
+    assert m.median_us == pytest.approx(m.raw_median_us - gap, abs=0.02)
+    assert m.p10_us <= m.median_us <= m.p90_us < m.raw_median_us
+    assert min(m.samples_us) >= 0.0 and m.notes == []
+
+
+def test_eager_without_its_calibration_is_not_corrected(sim: Sim) -> None:
+    s = SETTINGS.with_(launch_gap_us={"hot": 0.5, "cold": 1.0})
+    m = measure(launchers(sim, 1), mode="hot", capturable=False, settings=s)
+    assert m.method == "cuda-eager" and m.launch_gap_us is None and m.raw_median_us is None
+    assert m.median_us == pytest.approx(KERNEL_US, rel=0.03)
+    assert any("no launch gap calibrated for cuda-eager hot" in n for n in m.notes)
+
+
+def test_eager_with_its_calibration_is_corrected_and_clamped(sim: Sim) -> None:
+    s = SETTINGS.with_(launch_gap_us={"eager_hot": 1.0, "eager_cold": 100.0})
+    m = measure(launchers(sim, 1), mode="hot", capturable=False, settings=s)
+    assert m.launch_gap_us == 1.0 and m.median_us == pytest.approx(KERNEL_US - 1.0, rel=0.05)
+    m = measure(launchers(sim, 1), mode="cold", capturable=False, settings=s)
+    assert m.median_us == 0.0 and max(m.samples_us) == 0.0  # a gap larger than the kernel: clamped
+    assert m.raw_median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US, rel=0.05)
+    assert any("clamped at 0" in n for n in m.notes)

@@ -31,6 +31,7 @@ ROPE_SCALING_FACTOR = 40.0  # DeepSeek-R1 config.json rope_scaling (yarn): facto
 MSCALE_ALL_DIM = 1.0
 PAGE = 128  # page granularity of the shared decode cache (lcm of the backends' page sizes 1, 64, 128)
 TRTLLM_PAGE = 64  # SGLang's trtllm_mla / XQA page size
+CUTLASS_MLA_HEADS = 128  # cutlass_mla_decode's fixed head count (MAX_HEADS in sgl_kernel's wrapper)
 KV_CACHE_BUDGET_BYTES = 40 * 10**9  # decode cases whose KV cache is larger are skipped
 PREFILL_SEQ_LEN = 4096  # longest request in a prefill step
 FLASHINFER_MLA_WORKSPACE_BYTES = 384 * 1024 * 1024  # SGLANG_FLASHINFER_WORKSPACE_SIZE default
@@ -301,14 +302,17 @@ def _bind_cutlass_mla(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[
     lkv = int(case.dims["Lkv"])
     size = sgl_kernel.cutlass_mla_get_workspace_size(pt.shape[1] * PAGE, b, num_kv_splits=1)
     workspace = torch.empty(size, dtype=torch.uint8, device=q.device)
-    q_nope, q_pe = q[..., :lkv].contiguous(), q[..., lkv:].contiguous()
+    # The kernel always runs 128 heads: sgl_kernel's wrapper pads fewer heads (attention TP > 1) per call.
+    q_pad = torch.zeros(b, CUTLASS_MLA_HEADS, q.shape[2], dtype=q.dtype, device=q.device)
+    q_pad[:, :nh] = q
+    q_nope, q_pe = q_pad[..., :lkv].contiguous(), q_pad[..., lkv:].contiguous()
     cache = kv.view(-1, PAGE, kv.shape[1])
-    out = torch.empty(b, nh, lkv, dtype=q.dtype, device=q.device)
+    out = torch.empty(b, CUTLASS_MLA_HEADS, lkv, dtype=q.dtype, device=q.device)
     scale = mla_softmax_scale()
 
     def launch() -> torch.Tensor:
         fn(out, q_nope, q_pe, cache, lens, pt, workspace, scale, 1)
-        return out
+        return out[:, :nh]
 
     return launch
 
@@ -326,13 +330,13 @@ class CutlassMlaDecode(_MlaDecode):
             _bind_cutlass_mla,
             requires=SM100,
             preload=("sgl_kernel",),
-            label="num_kv_splits=1 (SGLang's value); workspace in bind",
+            label="num_kv_splits=1 (SGLang's value); workspace and head padding to 128 in bind",
         )
     ]
 
     def skip_reason(self, case: Case) -> str | None:
-        if int(case.dims["Nh"]) > 128:
-            return "cutlass_mla_decode handles at most 128 heads"
+        if int(case.dims["Nh"]) > CUTLASS_MLA_HEADS:
+            return f"cutlass_mla_decode handles at most {CUTLASS_MLA_HEADS} heads"
         return super().skip_reason(case)
 
 
@@ -699,18 +703,20 @@ class MergeState(_MergeState):
             _bind_merge_out_of_place,
             fallbacks=("flashinfer:merge_state",),
             label="base-2 LSE; sgl-kernel 0.4.5 dropped its merge_state",
+            skip=lambda case: _flashinfer_merge_state_skip(case),
         )
     ]
 
-    def skip_reason(self, case: Case) -> str | None:
-        nh, hd = int(case.dims["Nh"]), int(case.dims["D"])
-        cap = flashinfer_merge_state_max_heads(hd, 2)
-        if nh > cap:
-            return (
-                f"FlashInfer MergeState puts all {nh} heads in one block (> 1024 threads above {cap} heads); "
-                "SGLang falls back to merge_state_triton there (benchmarked under merge_state_v2)"
-            )
-        return None
+
+def _flashinfer_merge_state_skip(case: Case) -> str | None:
+    nh, hd = int(case.dims["Nh"]), int(case.dims["D"])
+    cap = flashinfer_merge_state_max_heads(hd, 2)
+    if nh > cap:
+        return (
+            f"FlashInfer MergeState puts all {nh} heads in one block (> 1024 threads above {cap} heads); "
+            "SGLang falls back to merge_state_triton there (benchmarked under merge_state_v2)"
+        )
+    return None
 
 
 @register
@@ -740,6 +746,14 @@ class MergeStateV2(_MergeState):
 # -- concat_mla_k / concat_mla_absorb_q ------------------------------------------------------------------
 
 
+def _needs_128_heads(case: Case) -> str | None:
+    if int(case.dims["Nh"]) != 128:
+        return (
+            "this concat_mla_k needs 128 local heads (attention TP 1); SGLang uses the Triton one otherwise"
+        )
+    return None
+
+
 def _bind_concat_k(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
     k_nope, k_rope = inputs["k_nope"], inputs["k_rope"]
     t, nh, dn = k_nope.shape
@@ -765,7 +779,8 @@ class ConcatMlaK(Adapter):
             None,
             "jit",
             _bind_concat_k,
-            label="what SGLang 0.5.16 calls on CUDA",
+            label="what SGLang 0.5.16 calls on CUDA (128 local heads)",
+            skip=lambda case: _needs_128_heads(case),
         ),
         Backend(
             "sgl_kernel",
@@ -774,8 +789,16 @@ class ConcatMlaK(Adapter):
             "aot",
             _bind_concat_k,
             preload=("sgl_kernel",),
+            skip=lambda case: _needs_128_heads(case),
         ),
-        Backend("flashinfer", "flashinfer.concat_ops:concat_mla_k", None, "jit", _bind_concat_k),
+        Backend(
+            "flashinfer",
+            "flashinfer.concat_ops:concat_mla_k",
+            None,
+            "jit",
+            _bind_concat_k,
+            skip=lambda case: _needs_128_heads(case),
+        ),
         Backend(
             "sglang_triton",
             "sglang.kernels.ops.kvcache.cache_ops:concat_and_cast_mha_k_triton",
@@ -785,13 +808,6 @@ class ConcatMlaK(Adapter):
             label="SGLang's generic path (used when local heads != 128)",
         ),
     ]
-
-    def skip_reason(self, case: Case) -> str | None:
-        if int(case.dims["Nh"]) != 128:
-            return (
-                "concat_mla_k kernels need 128 local heads (attention TP = 1); SGLang uses Triton otherwise"
-            )
-        return None
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         """k_nope and k_rope are the strided views SGLang passes (kv_b_proj output, fused qkv_a output)."""

@@ -3,6 +3,7 @@
 Importing this package does not import torch or pynvml; they are loaded when a GPU is measured.
 """
 
+from dskbench.measure.calibrate import calibrate_launch_gap, settings_with_gap
 from dskbench.measure.ceilings import measure_ceilings
 from dskbench.measure.core import CaptureFailed, measure
 from dskbench.measure.metrics import metrics
@@ -14,10 +15,12 @@ __all__ = [
     "CaptureFailed",
     "MeasureSettings",
     "Measurement",
+    "calibrate_launch_gap",
     "datasheet_peaks",
     "gpu_identity",
     "measure",
     "measure_ceilings",
     "metrics",
     "read_clocks",
+    "settings_with_gap",
 ]

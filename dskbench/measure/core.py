@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dskbench.measure.settings import Measurement, MeasureSettings
-from dskbench.measure.stats import Stopper, summarize
+from dskbench.measure.stats import Stopper, quantile, summarize
 
 MODES = ("cold", "hot")
+GAP_KEYS = {"cuda-graph": "{mode}", "cuda-eager": "eager_{mode}"}  # MeasureSettings.launch_gap_us keys
 
 
 class CaptureFailed(RuntimeError):
@@ -78,6 +79,24 @@ def select_timer(
     return eager, reason
 
 
+def gap_for(settings: MeasureSettings, method: str, mode: str) -> float | None:
+    """The launch gap to subtract for this method and mode, or None (not calibrated, or cpu-wall)."""
+    key = GAP_KEYS.get(method)
+    gaps = settings.launch_gap_us
+    if key is None or not gaps:
+        return None
+    gap = gaps.get(key.format(mode=mode))
+    return None if gap is None else float(gap)
+
+
+def subtract_gap(samples: Sequence[float], gap_us: float | None) -> list[float]:
+    """Samples less the per-launch gap, clamped at 0 (a sample shorter than the gap is noise, not a
+    negative kernel time)."""
+    if gap_us is None:
+        return [float(x) for x in samples]
+    return [max(0.0, float(x) - gap_us) for x in samples]
+
+
 def make_stopper(settings: MeasureSettings, now: Callable[[], float] = time.perf_counter) -> Stopper:
     return Stopper(
         target_noise=settings.target_noise,
@@ -95,10 +114,20 @@ def drive(
     busy: Callable[[], None] = lambda: None,
     now: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
+    gap_us: float | None = None,
+    raw: list[float] | None = None,
 ) -> Stopper:
-    """Take batches until the stopping rule says so, idling `cooldown` x each batch's device time."""
+    """Take batches until the stopping rule says so, idling `cooldown` x each batch's device time.
+
+    With `gap_us`, the stopping rule sees the corrected samples (so the noise target holds for the
+    number reported); the uncorrected ones are appended to `raw` when it is given."""
     stopper = make_stopper(settings, now)
-    while not stopper.add(timer.batch(busy)):
+    while True:
+        batch = timer.batch(busy)
+        if raw is not None:
+            raw.extend(batch)
+        if stopper.add(subtract_gap(batch, gap_us)):
+            break
         if settings.cooldown > 0 and timer.batch_gpu_us > 0:
             sleep(settings.cooldown * timer.batch_gpu_us * 1e-6)
     return stopper
@@ -122,8 +151,22 @@ def assemble(
     throttled: bool | None = None,
     throttle_reasons: Sequence[str] = (),
     notes: Sequence[str] = (),
+    launch_gap_us: float | None = None,
+    raw_samples: Sequence[float] = (),
 ) -> Measurement:
+    """The Measurement of the stopper's samples. With `launch_gap_us`, those samples are already
+    corrected (see drive) and `raw_samples` are the uncorrected ones, whose median is reported too."""
     s = summarize(stopper.samples)
+    notes = list(notes)
+    raw_median = None
+    if launch_gap_us is not None:
+        raw_sorted = sorted(raw_samples)
+        raw_median = quantile(raw_sorted, 0.5)
+        clamped = sum(1 for x in raw_sorted if x < launch_gap_us)
+        if clamped:
+            notes.append(
+                f"{clamped} samples shorter than the launch gap ({launch_gap_us:.3f} us), clamped at 0"
+            )
     return Measurement(
         median_us=s.median,
         p10_us=s.p10,
@@ -142,6 +185,8 @@ def assemble(
         device=device,
         n_sets=n_sets,
         samples_us=list(stopper.samples),
+        raw_median_us=raw_median,
+        launch_gap_us=launch_gap_us,
         flush_us=flush_us,
         flush_bytes=flush_bytes,
         fallback_reason=fallback_reason,
@@ -150,7 +195,7 @@ def assemble(
         clocks_during=clocks_during,
         throttled=throttled,
         throttle_reasons=list(throttle_reasons),
-        notes=list(notes),
+        notes=notes,
     )
 
 

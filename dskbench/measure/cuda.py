@@ -23,6 +23,10 @@ launches (a group lasts ~replay_target_us), so a sample is a group's time over i
 Between batches the host idles `cooldown` x the batch's device time (see MeasureSettings), and NVML is
 read while a batch runs (at most every 0.1 s) to judge throttling. Known residual: a hot-graph sample
 carries one graph start per replay (a few us over >= replay_target_us, well under 3% at the default).
+
+Launch gap: a graph sample is (kernel + the boundary to the next node) per launch, CUPTI's duration only
+the kernel; eager samples carry event and launch latency. MeasureSettings.launch_gap_us, measured
+against CUPTI by calibrate.py, is subtracted from every sample; raw_median_us keeps the uncorrected median.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any
 import torch
 
 from dskbench.measure import nvml
-from dskbench.measure.core import CaptureFailed, assemble, drive, launches_for, select_timer
+from dskbench.measure.core import CaptureFailed, assemble, drive, gap_for, launches_for, select_timer
 from dskbench.measure.settings import Measurement, MeasureSettings
 
 CALIBRATION_LAUNCHES = 8  # launches in the first (calibration) graph, rounded to the number of sets
@@ -400,8 +404,13 @@ def measure_cuda(
                 if r is not None:
                     reads.append(r)
 
+        gap = gap_for(settings, timer.method, mode)
+        gap_notes = []
+        if gap is None and settings.launch_gap_us:
+            gap_notes.append(f"no launch gap calibrated for {timer.method} {mode}: samples not corrected")
+        raw: list[float] = []
         try:
-            stopper = drive(timer, settings, busy)
+            stopper = drive(timer, settings, busy, gap_us=gap, raw=raw)
         finally:
             timer.close()
         torch.cuda.synchronize()
@@ -423,5 +432,7 @@ def measure_cuda(
         clocks_during=during,
         throttled=throttled,
         throttle_reasons=reasons,
-        notes=timer.notes,
+        notes=[*timer.notes, *gap_notes],
+        launch_gap_us=gap,
+        raw_samples=raw,
     )

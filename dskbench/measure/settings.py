@@ -25,6 +25,10 @@ class MeasureSettings:
     # back-to-back replays of a large GEMM draw for seconds, so the power cap does not hold the clocks
     # down for the whole case (FlashInfer's sleep_after_run does the same). 0 disables.
     cooldown: float = 0.25
+    # Per-launch gap (us) to subtract from every sample, by method and mode: keys "hot" / "cold" for
+    # cuda-graph, "eager_hot" / "eager_cold" for cuda-eager (see calibrate.py, which measures them
+    # against CUPTI). A missing key leaves that method/mode uncorrected. None: no correction.
+    launch_gap_us: dict[str, float] | None = None
 
     @classmethod
     def quick(cls, **overrides: Any) -> MeasureSettings:
@@ -63,7 +67,9 @@ class Measurement:
     mode: str  # cold | hot
     device: str
     n_sets: int  # input sets rotated through
-    samples_us: list[float] = field(default_factory=list)
+    samples_us: list[float] = field(default_factory=list)  # after subtracting launch_gap_us, if any
+    raw_median_us: float | None = None  # the median before the launch gap was subtracted
+    launch_gap_us: float | None = None  # the per-launch gap subtracted from every sample (None: none)
     flush_us: float | None = None  # cold: median time of one flush (excluded from the samples)
     flush_bytes: int | None = None
     fallback_reason: str | None = None  # why the eager method was used, when it was
