@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -57,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", type=float, help="time budget per case, seconds")
     run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip cases --out already holds a final result for (appends a run)",
+    )
 
     cmp_ = sub.add_parser("compare", help="noise-aware comparison of two sets of results (ours or asv)")
     cmp_.add_argument(
@@ -185,6 +191,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     except PlanError as e:
         print(f"dskbench: {e}", file=sys.stderr)
         return EXIT_USAGE
+    out = args.out or paths.RESULTS_DIR / f"run-{device}-{_stamp()}.jsonl"
+    if args.resume:
+        from dskbench.results import ResultsError, read_runs
+        from dskbench.runner import finished_keys
+
+        try:
+            done = finished_keys(read_runs([out])) if out.exists() else set()
+        except ResultsError as e:
+            print(f"dskbench: cannot resume: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        before = len(items)
+        kept = [i for i in items if (i.case_id, i.backend) not in done]
+        items = [dataclasses.replace(i, index=n) for n, i in enumerate(kept)]
+        skips = [s for s in skips if (s["case_id"], "-") not in done]
+        print(f"resuming {out}: {before - len(items)} cases already done", file=sys.stderr)
     if args.dry_run:
         for it in items:
             print(f"{it.case_id}  {it.backend}")
@@ -192,7 +213,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{s['kernel']}  skipped: {s['reason']}")
         print(f"{len(items)} cases to run, {len(skips)} kernels skipped at planning")
         return EXIT_OK
-    out = args.out or paths.RESULTS_DIR / f"run-{device}-{_stamp()}.jsonl"
     print(f"{len(items)} cases on {device} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
     summary = run_sweep(items, skips, opts, out, progress=Progress(len(items)))
     print(summary.line())

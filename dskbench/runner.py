@@ -280,6 +280,7 @@ def execute_item(
     base, prep = prepare_case(
         item.kernel, case, item.backend, device, case_seed(run_seed, case.id, item.backend)
     )
+    base["category"] = item.category
     if prep is None:
         return base
     from dskbench import measure as core
@@ -287,11 +288,13 @@ def execute_item(
     launchers = [prep.launch]
     if opts.mode == "rotate":
         launchers += _rotation_sets(prep)
-    settings = measure_settings(opts)
+    settings = core.settings_with_gap(measure_settings(opts), ceilings)
     mode = "hot" if opts.mode == "rotate" else opts.mode  # rotate: no flush, the sets overflow L2
+    t0 = time.perf_counter()
     m = core.measure(
         launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
     )
+    base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
     timing = _as_dict(m)
     timing["mode"] = opts.mode
     timing["input_sets"] = len(launchers)
@@ -364,6 +367,19 @@ def _as_dict(m: Any) -> dict[str, Any]:
     if hasattr(m, "to_json"):
         return m.to_json()
     return dict(m)
+
+
+def finished_keys(runs: list) -> set[tuple[str, str]]:
+    """(case_id, backend) pairs that already have a result a resumed sweep need not repeat.
+
+    Errors are retried (they may have been a dead worker); ok, wrong and skipped results stand.
+    """
+    done = set()
+    for run in runs:
+        for rec in run.results:
+            if rec["status"] != "error":
+                done.add((rec.get("case_id", rec["kernel"]), rec["backend"]["name"]))
+    return done
 
 
 def is_poisoning(message: str) -> bool:

@@ -9,13 +9,15 @@ cd "$(dirname "$0")/.."
 source .gpu-bundle/install.sh || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR="$HOME/.triton/cache"
-if [ -f .jitcache/jitcache.tar.gz ]; then
-    tar -xzf .jitcache/jitcache.tar.gz -C "$HOME" && echo "device_run: restored JIT caches" >&2
+# the archive travels in parts of at most 15 MiB (the device tool returns files of at most 16 MiB)
+if ls .jitcache/jitcache.tar.gz.part-* >/dev/null 2>&1; then
+    cat .jitcache/jitcache.tar.gz.part-* | tar -xzf - -C "$HOME" && echo "device_run: restored JIT caches" >&2
 fi
 "$@"
 rc=$?
 if [ -n "${OUT:-}" ]; then
-    (cd "$HOME" && tar -czf "$OUT/jitcache.tar.gz" --ignore-failed-read .cache/flashinfer .cache/tvm-ffi .triton/cache 2>/dev/null)
-    ls -la "$OUT/jitcache.tar.gz" >&2
+    (cd "$HOME" && tar -czf - --ignore-failed-read .cache/flashinfer .cache/tvm-ffi .triton/cache 2>/dev/null) \
+        | split -b 15M - "$OUT/jitcache.tar.gz.part-"
+    ls -la "$OUT"/jitcache.tar.gz.part-* >&2
 fi
 exit $rc

@@ -19,7 +19,7 @@ TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$"
 
 
 def _case(kernel: str, op: str, t: int = 16) -> Case:
-    return next(c for c in SHAPES.cases(kernel, [op], "act", "decode", profile="cpu") if c.point["T"] == t)
+    return next(c for c in SHAPES.cases(kernel, [op], "act", "decode", profile="full") if c.point["T"] == t)
 
 
 def _silu(x: float) -> float:

@@ -291,8 +291,18 @@ def _attend(q: torch.Tensor, rows: torch.Tensor, scale: float, dv: int) -> torch
 class _FakeMlaWrapper:
     """BatchMLAPagedAttentionWrapper's plan/run contract on the CPU (page size 1, token indices)."""
 
-    def __init__(self, workspace, backend="auto"):
-        assert workspace.dtype == torch.uint8 and backend == "auto"
+    def __init__(
+        self,
+        workspace,
+        use_cuda_graph=False,
+        qo_indptr=None,
+        kv_indptr=None,
+        kv_indices=None,
+        kv_len_arr=None,
+        backend="auto",
+    ):
+        assert workspace.dtype == torch.uint8 and backend == "auto" and use_cuda_graph
+        self.buffers = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
 
     def plan(
         self,
@@ -311,7 +321,10 @@ class _FakeMlaWrapper:
     ):
         assert page_size == 1 and not causal and (ckv_dim, kpe_dim) == (512, 64)
         assert kv_indices.dtype == torch.int32 and qo_indptr.tolist() == list(range(len(kv_len_arr) + 1))
-        self.kv_indptr, self.kv_indices, self.scale = kv_indptr, kv_indices, sm_scale
+        for buf, x in zip(self.buffers, (qo_indptr, kv_indptr, kv_indices, kv_len_arr), strict=True):
+            assert buf.shape == x.shape and buf.dtype == x.dtype and buf.data_ptr() != x.data_ptr()
+            buf.copy_(x)  # what plan() does with CUDA-graph buffers
+        self.kv_indptr, self.kv_indices, self.scale = self.buffers[1], self.buffers[2], sm_scale
 
     def run(self, q_nope, q_pe, ckv, kpe, out=None):
         q = torch.cat([q_nope, q_pe], dim=-1)

@@ -28,7 +28,7 @@ SHAPES = default_shapes()
 
 def _case(kernel: str, op: str, phase: str = "decode", t: int = 1, variant: str | None = None) -> Case:
     a = get_adapter(kernel)
-    cases = SHAPES.cases(kernel, [op], a.role, phase, profile="cpu")
+    cases = SHAPES.cases(kernel, [op], a.role, phase, profile="full")
     return next(c for c in cases if c.point["T"] == t and c.variant == variant)
 
 

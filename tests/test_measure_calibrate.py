@@ -15,10 +15,12 @@ from dskbench.measure.calibrate import (
     gap_settings,
     keys_by_correlation,
     keys_by_order,
+    kineto_tuples,
     launch_spans,
     resolve_spans,
     span_summary,
     summarize_gaps,
+    with_reference,
 )
 
 
@@ -228,3 +230,88 @@ def test_settings_with_gap_plumbing() -> None:
     assert settings_with_gap(base, {"launch_gap": {"error": "boom"}}) is base
     assert settings_with_gap(base, {"bandwidth_gbps": 1.0}) is base
     assert MeasureSettings().launch_gap_us is None  # off unless a calibration is passed in
+
+
+class FakeKinetoEvent:
+    def __init__(self, name: str, dev: str, start: int, dur: int, corr: int, linked: int) -> None:
+        self._v = (name, dev, start, dur, corr, linked)
+
+    def name(self) -> str:
+        return self._v[0]
+
+    def device_type(self) -> str:
+        return self._v[1]
+
+    def start_ns(self) -> int:
+        return self._v[2]
+
+    def duration_ns(self) -> int:
+        return self._v[3]
+
+    def correlation_id(self) -> int:
+        return self._v[4]
+
+    def linked_correlation_id(self) -> int:
+        return self._v[5]
+
+
+def test_kineto_tuples_leaves_out_runtime_calls() -> None:
+    evs = [
+        FakeKinetoEvent(f"{PREFIX}0", "cpu", 100, 50, 1, 0),
+        FakeKinetoEvent("aten::add", "cpu", 110, 20, 2, 0),
+        # cudaLaunchKernel: CUPTI correlation 1 collides with the annotation's id, linked to aten::add
+        FakeKinetoEvent("cudaLaunchKernel", "cpu", 500, 5, 1, 2),
+        FakeKinetoEvent("add_kernel", "cuda", 9000, 1300, 1, 2),
+    ]
+    device, host = kineto_tuples(evs, cuda="cuda", cpu="cpu")
+    assert device == [("add_kernel", 9000, 10300, 2)]
+    assert host == [(f"{PREFIX}0", 100, 150, 1), ("aten::add", 110, 130, 2)]
+    spans, how = resolve_spans(device, host, [f"{PREFIX}0"])
+    assert how == "correlation" and spans[f"{PREFIX}0"].span_us == pytest.approx(1.3)
+
+
+def test_kineto_tuples_on_a_real_cpu_profile() -> None:
+    """The host side of the parser against torch's real profiler output (CPU only here): annotation
+    events carry the label, ops nested in them carry the correlation ids CUPTI links kernels to."""
+    torch = pytest.importorskip("torch")
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    a = torch.ones(8)
+    labels = [f"{PREFIX}{i}" for i in range(3)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for label in labels:
+            torch.neg(a)  # like the flush: outside every annotation
+            with record_function(label):
+                torch.add(a, a)
+    device, host = kineto_tuples(prof.profiler.kineto_results.events(), DeviceType.CUDA, DeviceType.CPU)
+    assert device == []
+    adds = [h for h in host if h[0] == "aten::add"]
+    negs = [h for h in host if h[0] == "aten::neg"]
+    assert len(adds) == len(negs) == 3 and all(h[3] > 0 for h in adds + negs)
+    # one kernel per op, linked as CUPTI links them: to the op's correlation id
+    fake = [("add_kernel", 10_000 * i, 10_000 * i + 1_500, h[3]) for i, h in enumerate(adds)]
+    fake += [("fill_kernel", 10_000 * i + 5_000, 10_000 * i + 9_000, h[3]) for i, h in enumerate(negs)]
+    spans, how = resolve_spans(fake, host, labels)
+    assert how == "correlation" and set(spans) == set(labels)
+    assert all(s.names == ("add_kernel",) and s.span_us == pytest.approx(1.5) for s in spans.values())
+    assert [spans[label].start_ns for label in labels] == [0, 10_000, 20_000]  # each launch its own add
+
+
+def test_with_reference_gaps_per_row() -> None:
+    spans = [
+        Span(0, 1310, 1, 1310, ("add",)),
+        Span(0, 1290, 1, 1290, ("add",)),
+        Span(0, 1400, 1, 1400, ("add",)),
+    ]
+    row = {"op": "add", "mode": "cold", "graph_method": "cuda-graph", "graph_us": 1.67, "eager_us": 4.3}
+    r = with_reference(row, spans)
+    assert r["cupti_median_us"] == pytest.approx(1.31) and r["cupti_launches"] == 3
+    assert r["gap_us"] == pytest.approx(0.36) and r["eager_gap_us"] == pytest.approx(2.99)
+    assert "gap_us" not in row  # the input row is not modified
+    fell_back = with_reference({**row, "graph_method": "cuda-eager"}, spans)
+    assert fell_back["gap_us"] is None and fell_back["eager_gap_us"] == pytest.approx(2.99)
+    none = with_reference(row, [])
+    assert none["cupti_median_us"] is None and none["gap_us"] is None and none["eager_gap_us"] is None
+    s = summarize_gaps([r, none])
+    assert s["cold_us"] == pytest.approx(0.36) and s["eager_cold_us"] == pytest.approx(2.99)

@@ -259,3 +259,40 @@ def test_eager_with_its_calibration_is_corrected_and_clamped(sim: Sim) -> None:
     assert m.median_us == 0.0 and max(m.samples_us) == 0.0  # a gap larger than the kernel: clamped
     assert m.raw_median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US, rel=0.05)
     assert any("clamped at 0" in n for n in m.notes)
+
+
+def test_calibration_pairs_each_op_and_mode_with_its_reference(sim: Sim, monkeypatch) -> None:
+    """calibrate_launch_gap's glue on the simulated GPU, the profiler replaced by spans that are shorter
+    than the simulated kernel by a known amount per mode: the gaps found must be those amounts."""
+    from dskbench.measure import calibrate
+
+    short = {"hot": 0.2, "cold": 0.4}
+    seen = []
+
+    def fake_profile(jobs, flush):
+        seen.extend((len(j.launchers), j.cold) for j in jobs)
+        out = []
+        for j in jobs:
+            us = KERNEL_US + (COLD_EXTRA_US if j.cold else 0.0) - short["cold" if j.cold else "hot"]
+            out.append([calibrate.Span(0, int(us * 1000), 1, int(us * 1000), ("k",))] * j.iters)
+        return out, "correlation"
+
+    monkeypatch.setattr(calibrate, "profile_launches", fake_profile)
+    s = SETTINGS.with_(launch_gap_us={"hot": 5.0})  # ignored: calibration is always uncorrected
+    cal = calibrate.calibrate_launch_gap(
+        0, settings=s, ops=[("one", launchers(sim, 1)), ("two", launchers(sim, 2))]
+    )
+    assert seen == [(1, True), (1, False), (2, True), (2, False)]
+    assert [(r["op"], r["mode"]) for r in cal["ops"]] == [
+        ("one", "cold"),
+        ("one", "hot"),
+        ("two", "cold"),
+        ("two", "hot"),
+    ]
+    assert cal["hot_us"] == pytest.approx(0.2, abs=0.1) and cal["cold_us"] == pytest.approx(0.4, abs=0.15)
+    assert cal["eager_hot_us"] == pytest.approx(0.2, abs=0.1)
+    assert cal["grouping"] == "correlation" and cal["warnings"] == []
+    tuned = calibrate.settings_with_gap(SETTINGS, {"launch_gap": cal})
+    m = measure(launchers(sim, 1), mode="hot", settings=tuned)
+    assert m.launch_gap_us == pytest.approx(cal["hot_us"])
+    assert m.median_us == pytest.approx(KERNEL_US - 0.2, abs=0.1)  # now agrees with the "CUPTI" spans

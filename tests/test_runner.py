@@ -18,7 +18,12 @@ FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_raise")
 
 def _entry(name: str, status: str = "benchmark", reason: str = "") -> SimpleNamespace:
     return SimpleNamespace(
-        name=name, status=status, status_reason=reason, op_names=["input_layernorm"], aliases=()
+        name=name,
+        status=status,
+        status_reason=reason,
+        op_names=["input_layernorm"],
+        aliases=(),
+        category="test",
     )
 
 
@@ -113,3 +118,19 @@ def test_results_written_as_they_finish(tmp_path, registry):
 
     run_sweep(items, skips, _opts(), out, progress=progress)
     assert seen == list(range(2, 2 + len(items)))  # environment line + one line per finished case
+
+
+def test_resume_skips_finished_cases_and_retries_errors(tmp_path, registry, monkeypatch):
+    from dskbench import cli
+
+    monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (registry, default_shapes()))
+    out = tmp_path / "r.jsonl"
+    args = ["run", "--device", "cpu", "--kernel", "fake_ok", "--kernel", "fake_raise", "--backend", "fake"]
+    assert cli.main([*args, "--out", str(out), "--budget", "0.02"]) == 0
+    first = read_runs([out])
+    assert len(first) == 1 and len(first[0].results) == 8
+    assert cli.main([*args, "--out", str(out), "--budget", "0.02", "--resume"]) == 0
+    runs = read_runs([out])
+    assert len(runs) == 2
+    # fake_ok's 4 cases were done; fake_raise's 4 errors are retried
+    assert sorted(r["kernel"] for r in runs[1].results) == ["fake_raise"] * 4

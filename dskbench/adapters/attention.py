@@ -161,14 +161,23 @@ def _kv_cache_bytes(case: Case) -> int:
 
 
 def _bind_flashinfer_mla(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    """SGLang's flashinfer_mla decode: page size 1 with token indices, plan() here, run() timed."""
+    """SGLang's flashinfer_mla decode: page size 1 with token indices, plan() here, run() timed.
+
+    The wrapper is the CUDA-graph kind SGLang captures decode with (fixed index buffers).
+    """
     q, kv = inputs["q"], inputs["kv_cache"]
     b, nh, _ = q.shape
     lkv = int(case.dims["Lkv"])
     workspace = shared_workspace("flashinfer_mla", FLASHINFER_MLA_WORKSPACE_BYTES, q.device)
-    wrapper = fn(workspace, backend="auto")
     kv_indptr, kv_indices = _token_indices(inputs, torch.int32)
     qo_indptr = torch.arange(b + 1, dtype=torch.int32, device=q.device)
+    buffers = {
+        "qo_indptr": torch.empty_like(qo_indptr),
+        "kv_indptr": torch.empty_like(kv_indptr),
+        "kv_indices": torch.empty_like(kv_indices),
+        "kv_len_arr": torch.empty_like(inputs["seq_lens"]),
+    }
+    wrapper = fn(workspace, use_cuda_graph=True, backend="auto", **buffers)
     wrapper.plan(
         qo_indptr,
         kv_indptr,
@@ -208,7 +217,7 @@ class BatchMLAPagedAttentionWrapperAdapter(_MlaDecode):
             "jit",
             _bind_flashinfer_mla,
             fallbacks=("flashinfer:BatchMLAPagedAttentionWrapper",),
-            label="backend='auto', page size 1; plan() in bind",
+            label="backend='auto', page size 1, use_cuda_graph wrapper; plan() in bind",
         )
     ]
 
@@ -689,6 +698,17 @@ def _bind_merge_into(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[]
     return launch
 
 
+def _flashinfer_merge_state_skip(case: Case) -> str | None:
+    nh, hd = int(case.dims["Nh"]), int(case.dims["D"])
+    cap = flashinfer_merge_state_max_heads(hd, 2)
+    if nh > cap:
+        return (
+            f"FlashInfer MergeState puts all {nh} heads in one block (> 1024 threads above {cap} heads); "
+            "SGLang falls back to merge_state_triton there (benchmarked under merge_state_v2)"
+        )
+    return None
+
+
 @register
 class MergeState(_MergeState):
     kernel = "merge_state"
@@ -703,20 +723,9 @@ class MergeState(_MergeState):
             _bind_merge_out_of_place,
             fallbacks=("flashinfer:merge_state",),
             label="base-2 LSE; sgl-kernel 0.4.5 dropped its merge_state",
-            skip=lambda case: _flashinfer_merge_state_skip(case),
+            skip=_flashinfer_merge_state_skip,
         )
     ]
-
-
-def _flashinfer_merge_state_skip(case: Case) -> str | None:
-    nh, hd = int(case.dims["Nh"]), int(case.dims["D"])
-    cap = flashinfer_merge_state_max_heads(hd, 2)
-    if nh > cap:
-        return (
-            f"FlashInfer MergeState puts all {nh} heads in one block (> 1024 threads above {cap} heads); "
-            "SGLang falls back to merge_state_triton there (benchmarked under merge_state_v2)"
-        )
-    return None
 
 
 @register
@@ -780,7 +789,7 @@ class ConcatMlaK(Adapter):
             "jit",
             _bind_concat_k,
             label="what SGLang 0.5.16 calls on CUDA (128 local heads)",
-            skip=lambda case: _needs_128_heads(case),
+            skip=_needs_128_heads,
         ),
         Backend(
             "sgl_kernel",
@@ -789,7 +798,7 @@ class ConcatMlaK(Adapter):
             "aot",
             _bind_concat_k,
             preload=("sgl_kernel",),
-            skip=lambda case: _needs_128_heads(case),
+            skip=_needs_128_heads,
         ),
         Backend(
             "flashinfer",
@@ -797,7 +806,7 @@ class ConcatMlaK(Adapter):
             None,
             "jit",
             _bind_concat_k,
-            skip=lambda case: _needs_128_heads(case),
+            skip=_needs_128_heads,
         ),
         Backend(
             "sglang_triton",

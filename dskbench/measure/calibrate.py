@@ -7,13 +7,15 @@ kernel that is 20-300%. The gap belongs to the GPU, driver and timer, not to the
 measured here on a few small elementwise ops (where it is largest relative to the kernel) and measure()
 subtracts it (MeasureSettings.launch_gap_us; raw_median_us keeps the uncorrected number).
 
-How: each op is timed by measure() (graph and eager, hot and cold, uncorrected), then run in an eager
-loop under torch.profiler (CUPTI) in the same condition (cold: flush before every launch, outside the
-launch's annotation), each launch inside its own record_function. Device activities are attributed to
+How: each op runs in an eager loop under torch.profiler (CUPTI), cold (flush before every launch,
+outside the launch's annotation) and hot, each launch inside its own record_function; then measure()
+times it in the same conditions (graph and eager, uncorrected). Device activities are attributed to
 launches through their linked correlation id (the op that launched them, whose CPU start lies inside
 one launch's annotation); a launch's CUPTI time is the span from its first activity's start to its last
 one's end, so a multi-kernel op's internal gaps count as part of the op. A mode's gap is the median over
-ops of (ours - CUPTI). The parsing works on plain tuples, so it is tested without a GPU.
+ops of (ours - CUPTI); the mid-size op's graph gap also carries its replay's start over only ~20
+launches, one reason the median rather than the mean. The parsing works on plain tuples, so it is
+tested without a GPU.
 """
 
 from __future__ import annotations
@@ -186,6 +188,19 @@ def summarize_gaps(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def with_reference(row: Mapping[str, Any], spans: Sequence[Span]) -> dict[str, Any]:
+    """One op and mode's timings (graph_method, graph_us, eager_us) with its CUPTI reference (cupti_*)
+    and gaps: None where no launch was found or the graph timer fell back to eager."""
+    out = dict(row)
+    for k, v in span_summary(spans).items():
+        out[f"cupti_{k}"] = None if isinstance(v, float) and not math.isfinite(v) else v
+    cupti = out["cupti_median_us"]
+    graph_ok = cupti is not None and out["graph_method"] == "cuda-graph"
+    out["gap_us"] = out["graph_us"] - cupti if graph_ok else None
+    out["eager_gap_us"] = out["eager_us"] - cupti if cupti is not None else None
+    return out
+
+
 def gap_settings(cal: Mapping[str, Any] | None) -> dict[str, float] | None:
     """MeasureSettings.launch_gap_us from a calibration result: finite values inside GAP_BOUNDS_US
     (negatives clamped to 0: ours below CUPTI is noise, never time to add). None: nothing usable."""
@@ -307,9 +322,14 @@ def _ops(index: int) -> list[tuple[str, list[Callable[[], Any]]]]:
     ]
 
 
-def calibrate_launch_gap(index: int = 0, settings: MeasureSettings | None = None) -> dict[str, Any]:
+def calibrate_launch_gap(
+    index: int = 0,
+    settings: MeasureSettings | None = None,
+    ops: Sequence[tuple[str, Sequence[Callable[[], Any]]]] | None = None,
+) -> dict[str, Any]:
     """{"hot_us", "cold_us" (cuda-graph), "eager_hot_us", "eager_cold_us", "method", "grouping",
-    "spread_us", "warnings", "ops": [per op and mode: ours, CUPTI, gaps], "wall_s"}. A few seconds."""
+    "spread_us", "warnings", "ops": [per op and mode: ours, CUPTI, gaps], "wall_s"}. A few seconds.
+    `ops`: (name, launchers) to calibrate on instead of the built-in small elementwise ops."""
     import torch
 
     from dskbench.measure.core import MODES, measure
@@ -320,8 +340,11 @@ def calibrate_launch_gap(index: int = 0, settings: MeasureSettings | None = None
     device = f"cuda:{index}"
     rows: list[dict[str, Any]] = []
     with torch.cuda.device(index):
-        ops = _ops(index)
+        ops = list(ops) if ops is not None else _ops(index)
         flush = flush_buffer(index, s.flush_bytes or 2 * l2_bytes(index))
+        # profile first: every later measurement (these and the run's) then follows a profiler session
+        jobs = [ProfileJob(fns, mode == "cold") for _, fns in ops for mode in MODES]
+        spans, grouping = profile_launches(jobs, flush)
         for name, fns in ops:
             for mode in MODES:
                 graph = measure(fns, device=device, mode=mode, settings=s)
@@ -338,16 +361,9 @@ def calibrate_launch_gap(index: int = 0, settings: MeasureSettings | None = None
                         "eager_noise": eager.noise,
                     }
                 )
-        jobs = [ProfileJob(fns, mode == "cold") for _, fns in ops for mode in MODES]
-        spans, grouping = profile_launches(jobs, flush)
         del ops, jobs
         torch.cuda.empty_cache()
-    for row, sp in zip(rows, spans, strict=True):
-        ref = span_summary(sp)
-        row.update({f"cupti_{k}": v for k, v in ref.items()})
-        cupti = ref["median_us"]
-        row["gap_us"] = row["graph_us"] - cupti if row["graph_method"] == "cuda-graph" else None
-        row["eager_gap_us"] = row["eager_us"] - cupti
+    rows = [with_reference(row, sp) for row, sp in zip(rows, spans, strict=True)]
     return {
         **summarize_gaps(rows),
         "method": "median over ops of (measure() median - CUPTI span per launch), torch.profiler in-process",
