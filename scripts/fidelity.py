@@ -40,7 +40,7 @@ DEFAULT_CASES = [
     ("bmm_fp8", "forward_absorb_prepare:q_nope_w_kc", "decode", {"T": 64, "tp": 1}, "sgl_kernel"),
     ("fp8_scaled_mm", "q_b_proj", "prefill", {"T": 4096, "tp": 1}, "sgl_kernel"),
     ("decode_attention_kernel", "attn_mqa", "decode", {"B": 64, "kv_len": 4096, "tp": 1}, "sglang_triton"),
-    ("fused_moe_kernel", "experts", "decode", {"T": 64, "tp": 1}, "sglang_triton"),
+    ("fused_moe_kernel", "experts:gate_up.bf16", "decode", {"T": 64, "tp": 1}, "sglang_triton"),
     ("top_k_renorm_prob", "sampler.forward", "decode", {"B": 64}, "flashinfer"),
 ]
 
@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         print("fidelity.py needs a CUDA GPU", file=sys.stderr)
         return 2
     shapes, registry = default_shapes(), load_registry()
+    gap = core.calibrate_launch_gap()
+    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    print(f"launch gap: hot {gap.get('hot_us')} us, cold {gap.get('cold_us')} us", file=sys.stderr)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
 
@@ -145,8 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row["case_id"] = case.id
             for mode in ("cold", "hot"):
-                m = core.measure([prep.launch], device="cuda", mode=mode, capturable=prep.backend.capturable)
+                m = core.measure(
+                    [prep.launch],
+                    device="cuda",
+                    mode=mode,
+                    capturable=prep.backend.capturable,
+                    settings=settings,
+                )
                 row[f"ours_{mode}_us"] = m.median_us
+                row[f"ours_{mode}_raw_us"] = m.raw_median_us
                 row[f"ours_{mode}_cv"] = m.cv
                 row[f"ours_{mode}_method"] = m.method
                 spans = profiler_spans(prep.launch, flush, args.iters, cold=(mode == "cold"))
@@ -174,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     from dskbench.environment import environment
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"environment": environment(device), "rows": rows}, indent=1, default=str))
+    doc = {"environment": environment(device), "launch_gap": gap, "rows": rows}
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
     hdr = f"{'case':58} {'cold':>8} {'cupti':>8} {'d%':>6} | {'hot':>8} {'cupti':>8} {'d%':>6} | {'dbcg':>8} {'dbe':>8}"
     print(hdr)
     for r in rows:
