@@ -85,7 +85,12 @@ def profiler_spans(launch, flush, iters: int, cold: bool) -> list[float]:
     ]
     launches = {}  # correlation -> cpu ts of the runtime launch call
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+        # aten ops launch through the runtime API, Triton through the driver API (cuLaunchKernel)
+        if (
+            e.get("ph") == "X"
+            and e.get("cat") in ("cuda_runtime", "cuda_driver")
+            and "correlation" in e.get("args", {})
+        ):
             launches[e["args"]["correlation"]] = e["ts"]
     kernels = [
         e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")

@@ -214,7 +214,9 @@ def test_summarize_gaps_warns() -> None:
 
 def test_gap_settings_keys_bounds_and_clamp() -> None:
     cal = {"hot_us": 0.29, "cold_us": -0.05, "eager_hot_us": 1.0, "eager_cold_us": 12.0}
-    assert gap_settings(cal) == {"hot": 0.29, "cold": 0.0, "eager_hot": 1.0}  # clamped; 12 us dropped
+    assert gap_settings(cal) == {"cold": 0.0}  # clamped; only the cold graph gap is applied
+    assert gap_settings({**cal, "cold_us": 0.31}) == {"cold": 0.31}
+    assert gap_settings({"cold_us": 2.5}) is None  # out of bounds
     assert gap_settings({"hot_us": -0.8, "cold_us": math.nan, "eager_hot_us": None}) is None
     assert gap_settings({"error": "RuntimeError: no CUPTI", "hot_us": 0.3}) is None
     assert gap_settings(None) is None
@@ -224,7 +226,7 @@ def test_settings_with_gap_plumbing() -> None:
     base = MeasureSettings.quick()
     ceilings = {"bandwidth_gbps": 4000.0, "launch_gap": {"hot_us": 0.3, "cold_us": 0.36}}
     s = settings_with_gap(base, ceilings)
-    assert s.launch_gap_us == {"hot": 0.3, "cold": 0.36}
+    assert s.launch_gap_us == {"cold": 0.36}  # hot stays raw (PDL overlap hides the gap, see APPLIED_GAPS)
     assert s.with_(launch_gap_us=None) == base  # nothing else changed
     assert settings_with_gap(base, None) is base
     assert settings_with_gap(base, {"launch_gap": {"error": "boom"}}) is base
