@@ -19,10 +19,10 @@ export DSKBENCH_ASV_SWEEP=decode DSKBENCH_ASV_KERNELS=rmsnorm,silu_and_mul DSKBE
 t0=$(date +%s.%N)
 ASV_PYTHONPATH="$PYTHONPATH" asv run --machine "$machine" -E existing:python3 --set-commit-hash "$COMMIT" \
     --show-stderr >"$out/asv-run.log" 2>&1
-echo "asv rc=$? wall_s=$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$out/asv-run.log"
+echo "asv rc=$? wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")" | tee -a "$out/asv-run.log"
 t0=$(date +%s.%N)
 python3 -m dskbench run --quick --sweep decode --kernel rmsnorm --kernel silu_and_mul --out "$out/same-as-asv.jsonl" 2>/dev/null
-echo "dskbench run (same cases) wall_s=$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$out/asv-run.log"
+echo "dskbench run (same cases) wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")" | tee -a "$out/asv-run.log"
 tar -czf "$out/asv-results.tar.gz" results/asv results/asv-jsonl 2>/dev/null
 timeout "${SWEEP_SECONDS:-300}" python3 -m dskbench run --quick --budget 0.25 --resume \
     --out results/h200-sweep-quick.jsonl 2>"$out/sweep.log"
