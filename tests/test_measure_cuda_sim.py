@@ -293,6 +293,8 @@ def test_calibration_pairs_each_op_and_mode_with_its_reference(sim: Sim, monkeyp
     assert cal["eager_hot_us"] == pytest.approx(0.2, abs=0.1)
     assert cal["grouping"] == "correlation" and cal["warnings"] == []
     tuned = calibrate.settings_with_gap(SETTINGS, {"launch_gap": cal})
-    m = measure(launchers(sim, 1), mode="hot", settings=tuned)
-    assert m.launch_gap_us == pytest.approx(cal["hot_us"])
-    assert m.median_us == pytest.approx(KERNEL_US - 0.2, abs=0.1)  # now agrees with the "CUPTI" spans
+    hot = measure(launchers(sim, 1), mode="hot", settings=tuned)
+    assert hot.launch_gap_us is None  # hot stays raw: only the cold gap is applied (APPLIED_GAPS)
+    m = measure(launchers(sim, 1), mode="cold", settings=tuned)
+    assert m.launch_gap_us == pytest.approx(cal["cold_us"])
+    assert m.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US - 0.4, abs=0.15)  # agrees with "CUPTI"
