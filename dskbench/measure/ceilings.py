@@ -1,6 +1,6 @@
 """The machine's measured ceilings, once per run, through the same `measure()` as every kernel.
 
-- copy: a 1 GiB device-to-device copy; bandwidth counts bytes read plus bytes written.
+- copy: a 256 MiB device-to-device copy; bandwidth counts bytes read plus bytes written.
 - bf16 matmul: 8192^3 torch.mm on random data (zeros can run faster than real data: METHOD.md).
 - fp8 e4m3 matmul: 8192^3 torch._scaled_mm with tensor-wise scales and fast accumulation (the
   Hopper/Blackwell peak path), random data; skipped below sm89.
@@ -18,7 +18,10 @@ from dskbench.measure.calibrate import calibrate_launch_gap, settings_with_gap
 from dskbench.measure.core import measure
 from dskbench.measure.settings import MeasureSettings
 
-COPY_BYTES = 1 << 30
+# 256 MiB (over 4x the L2 of an H100/H200, so DRAM-bound). On an H200 (2026-11-21) a 1 GiB copy_ gave
+# only 2.76 TB/s while 256 MiB gave 4.2 TB/s (CUPTI 126.8 us, results/h200-2026-11-21/measure-selftest.json),
+# in line with the 4.3 TB/s seen on such machines: the larger copy is not the ceiling.
+COPY_BYTES = 256 * 2**20
 MM_SIZE = 8192
 
 

@@ -1,0 +1,58 @@
+"""Every registered adapter: well-formed backends, planned cases, and byte/FLOP counts at every case."""
+
+from __future__ import annotations
+
+import pytest
+
+from dskbench.adapters import adapters
+from dskbench.backends import KINDS, DeviceInfo
+from dskbench.registry import load_registry
+from dskbench.shapes import default_shapes
+
+REGISTRY = load_registry()
+SHAPES = default_shapes()
+ADAPTERS = adapters()
+H100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 90, 1)
+
+
+def _cases(name: str):
+    a = ADAPTERS[name]()
+    entry = REGISTRY[name]
+    ops = [o for o in entry.op_names if SHAPES.ops.get(o) and SHAPES.ops[o].roles.get(a.role)] or list(a.ops)
+    return a, [
+        c
+        for ph in ("decode", "prefill")
+        for c in SHAPES.cases(name, ops, a.role, ph, "quick")
+        if a.applies(c)
+    ]
+
+
+def test_every_adapter_is_a_registry_kernel_to_benchmark():
+    for name in ADAPTERS:
+        assert name in REGISTRY, f"adapter for {name!r}, which the traces do not name"
+        assert REGISTRY[name].status == "benchmark", name
+    # the kernels to benchmark without an adapter are few and known
+    missing = sorted(n for n, e in REGISTRY.items() if e.status == "benchmark" and n not in ADAPTERS)
+    assert len(missing) <= 5, missing
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_backends_are_well_formed(name):
+    a = ADAPTERS[name]()
+    names = [b.name for b in a.all_backends()]
+    assert len(names) == len(set(names)), f"duplicate backend names in {name}: {names}"
+    for b in a.backends:
+        assert b.kind in KINDS
+        assert b.target and (":" in b.target or b.target.startswith("torch.ops.")), (name, b.target)
+        reason = b.requires.reason_unmet(H100)
+        assert reason is None or reason.startswith("needs "), (name, b.name, reason)
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_every_case_has_traffic(name):
+    a, cases = _cases(name)
+    assert cases, f"{name}: no case in the quick sweep"
+    for c in cases:
+        t = a.traffic(c)
+        assert t.bytes > 0 and t.flops >= 0, (c.id, t)
+        assert t.compute in ("bf16", "fp8", "fp4", "int8"), (c.id, t.compute)
