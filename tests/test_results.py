@@ -1,0 +1,85 @@
+"""The results schema: round trip, validation, crash-truncated files, damaged files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dskbench.results import (
+    SCHEMA,
+    ResultsError,
+    ResultsWriter,
+    environment_record,
+    latest_by_case,
+    read_runs,
+    result_record,
+)
+
+ENV = {"created": "2026-11-21T00:00:00+00:00", "device": {"kind": "cpu"}, "versions": {"torch": "x"}}
+
+
+def _ok(case: str, us: float, run: str = "r1") -> dict:
+    return result_record(run, "ok", kernel="k", case_id=case, backend={"name": "b"}, timing={"median_us": us})
+
+
+def test_round_trip(tmp_path):
+    p = tmp_path / "r.jsonl"
+    with ResultsWriter(p) as w:
+        w.write(environment_record("r1", **ENV))
+        w.write(_ok("k/op/decode/T=1", 1.5))
+        w.write(
+            result_record(
+                "r1",
+                "skipped",
+                kernel="k",
+                case_id="k/op/decode/T=2",
+                backend={"name": "b"},
+                reason="needs sm100 (found sm90)",
+            )
+        )
+    with ResultsWriter(p) as w:  # a second run appended to the same file
+        w.write(environment_record("r2", **ENV))
+        w.write(_ok("k/op/decode/T=1", 1.2, "r2"))
+    runs = read_runs([p])
+    assert [r.run_id for r in runs] == ["r1", "r2"]
+    assert runs[0].environment["schema"] == SCHEMA and len(runs[0].results) == 2
+    assert runs[0].results[0]["timing"]["median_us"] == 1.5
+    latest = latest_by_case(runs)
+    assert latest[("k/op/decode/T=1", "b")]["timing"]["median_us"] == 1.2
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"status": "ok"}, "needs its timing"),
+        ({"status": "wrong"}, "needs a reason"),
+        ({"status": "weird"}, "is not one of"),
+    ],
+)
+def test_invalid_results_are_refused(fields, message):
+    with pytest.raises(ResultsError, match=message):
+        result_record("r", kernel="k", backend={"name": "b"}, **fields)
+
+
+def test_a_line_cut_off_by_a_crash_is_ignored(tmp_path):
+    p = tmp_path / "r.jsonl"
+    lines = [json.dumps(environment_record("r1", **ENV)), json.dumps(_ok("c", 1.0))]
+    p.write_text("\n".join(lines) + "\n" + lines[1][:20])  # the last write never finished
+    (run,) = read_runs([p])
+    assert len(run.results) == 1
+
+
+def test_damage_names_file_and_line(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text(
+        json.dumps(environment_record("r1", **ENV)) + "\n{not json\n" + json.dumps(_ok("c", 1.0)) + "\n"
+    )
+    with pytest.raises(ResultsError, match=r"r\.jsonl:2: not JSON"):
+        read_runs([p])
+    p.write_text(json.dumps({"record": "result", "schema": "other/9", "run_id": "x"}) + "\n")
+    with pytest.raises(ResultsError, match=r"r\.jsonl:1: schema"):
+        read_runs([p])
+    p.write_text(json.dumps(_ok("c", 1.0)) + "\n")
+    with pytest.raises(ResultsError, match="before its environment record"):
+        read_runs([p])
