@@ -8,6 +8,7 @@ everything it finished. docs/results-schema.md describes every field.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -137,8 +138,17 @@ def read_runs(paths: Iterable[str | Path]) -> list[Run]:
             else:
                 if rid not in runs:
                     raise ResultsError(f"{path}: result for run {rid} before its environment record")
-                runs[rid].results.append(rec)
+                runs[rid].results.append(_without_empty_timing(rec))
     return [runs[r] for r in order]
+
+
+def _without_empty_timing(rec: dict[str, Any]) -> dict[str, Any]:
+    """An `ok` result with no finite median is an error (files from before 2026-11-21 evening could
+    hold such records: the budget ended sampling of a slow kernel before its first sample)."""
+    med = (rec.get("timing") or {}).get("median_us")
+    if rec["status"] == "ok" and not (isinstance(med, int | float) and math.isfinite(med)):
+        return {**rec, "status": "error", "reason": "the measurement produced no timing samples"}
+    return rec
 
 
 def latest_by_case(runs: Iterable[Run]) -> dict[tuple[str, str], dict[str, Any]]:

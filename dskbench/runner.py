@@ -296,6 +296,8 @@ def execute_item(
     )
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
     timing = _as_dict(m)
+    if not timing.get("n_samples") or timing.get("median_us") != timing.get("median_us"):  # none, or NaN
+        return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
     timing["mode"] = opts.mode
     timing["input_sets"] = len(launchers)
     peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None

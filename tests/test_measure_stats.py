@@ -131,3 +131,35 @@ def test_converged_flag_honest_at_budget() -> None:
     st = _run(_gauss(10.0, 0.3, seed=9), clock, dt=0.05, batch=200, max_time_s=0.3, min_time_s=0.3)
     assert st.stopped
     assert st.converged == (relative_noise(sorted(st.samples)) <= 0.01)
+
+
+def test_budget_never_ends_sampling_before_a_few_samples():
+    """A kernel slower than the whole budget still gets a median (seen on an H200: 15 ms MoE cases
+    under a 0.25 s budget came back with no samples)."""
+    from dskbench.measure.stats import Stopper
+
+    clock = [0.0]
+    s = Stopper(
+        target_noise=0.01,
+        min_samples=10,
+        max_samples=1000,
+        min_time_s=0.0,
+        max_time_s=0.25,
+        now=lambda: clock[0],
+    )
+    clock[0] = 1.0  # the first batch alone overran the budget and yielded nothing usable
+    assert s.add([]) is False
+    assert s.add([15000.0]) is False
+    assert s.add([15100.0, 14900.0]) is True and len(s.samples) == 3
+    # and a stream that never yields a sample still stops, at the hard limit
+    clock2 = [0.0]
+    s2 = Stopper(
+        target_noise=0.01,
+        min_samples=10,
+        max_samples=1000,
+        min_time_s=0.0,
+        max_time_s=0.25,
+        now=lambda: clock2[0],
+    )
+    clock2[0] = 100.0
+    assert s2.add([]) is True and s2.samples == []

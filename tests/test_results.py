@@ -83,3 +83,12 @@ def test_damage_names_file_and_line(tmp_path):
     p.write_text(json.dumps(_ok("c", 1.0)) + "\n")
     with pytest.raises(ResultsError, match="before its environment record"):
         read_runs([p])
+
+
+def test_ok_without_a_median_reads_as_an_error(tmp_path):
+    p = tmp_path / "r.jsonl"
+    bad = _ok("c", 1.0)
+    bad["timing"]["median_us"] = float("nan")
+    p.write_text(json.dumps(environment_record("r1", **ENV)) + "\n" + json.dumps(bad) + "\n")
+    (run,) = read_runs([p])
+    assert run.results[0]["status"] == "error" and "no timing samples" in run.results[0]["reason"]

@@ -113,6 +113,10 @@ class Stopper:
         self.max_samples = max(self.min_samples, max_samples)
         self.min_time_s = min_time_s
         self.max_time_s = max(min_time_s, max_time_s)
+        # The budget never ends sampling before a few samples exist: a kernel slower than the budget
+        # (a 15 ms MoE prefill under a 0.25 s quick budget) still gets a median. hard_stop_s bounds that.
+        self.floor = min(3, self.min_samples)
+        self.hard_stop_s = 10 * self.max_time_s + 5.0
         self._now = now
         self._t0 = now()
         self.samples: list[float] = []
@@ -136,7 +140,11 @@ class Stopper:
             self._next_eval = max(n + 1, math.ceil(n * 1.1))
         if n >= self.min_samples and elapsed >= self.min_time_s and self.noise <= self.target_noise:
             self.converged = self.stopped = True
-        elif elapsed >= self.max_time_s or n >= self.max_samples:
+        elif (
+            (elapsed >= self.max_time_s and n >= self.floor)
+            or n >= self.max_samples
+            or elapsed >= self.hard_stop_s
+        ):
             self.noise = relative_noise(sorted(self.samples))
             self.converged = n >= self.min_samples and self.noise <= self.target_noise
             self.stopped = True
