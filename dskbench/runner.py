@@ -317,7 +317,7 @@ def measure_settings(opts: SweepOptions) -> Any:
 
     settings = MeasureSettings.quick() if opts.profile in ("quick", "cpu") else MeasureSettings()
     if opts.device == "cpu":
-        settings = dataclasses.replace(settings, warmup_launches=1, min_samples=3, min_time_s=0.0)
+        settings = dataclasses.replace(settings, warmup_launches=1, min_samples=1, min_time_s=0.0)
     if opts.budget_s is not None:
         settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
     return settings
