@@ -80,9 +80,14 @@ class RowSpec:
         return None
 
     @property
-    def expected_kernels(self) -> list[str]:
-        """Kernels this row names outright (reported as 'no measurement' when the results lack them)."""
-        return [p.split("/", 1)[0] for p in self.kernels if not any(c in p for c in "*?[")]
+    def expected(self) -> list[tuple[str, str | None]]:
+        """(kernel, backend or None) this row names outright: 'no measurement' when the results lack them."""
+        out = []
+        for p in self.kernels:
+            if not any(c in p for c in "*?["):
+                kernel, _, backend = p.partition("/")
+                out.append((kernel, backend or None))
+        return out
 
 
 def _match(pattern: str, kernel: str, backend: str) -> bool:
@@ -155,7 +160,10 @@ def _path(d: dict[str, Any], op: str, variant: str | None) -> PathSpec:
 def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment:
     server_flags = {str(k): dict(v) for k, v in (data.get("server_flags") or {}).items()}
     path_sets = data.get("path_sets") or {}
-    backend_flags = tuple((str(k), {str(f): str(v) for f, v in fl.items()}) for k, fl in (data.get("backend_flags") or {}).items())
+    backend_flags = tuple(
+        (str(k), {str(f): str(v) for f, v in fl.items()})
+        for k, fl in (data.get("backend_flags") or {}).items()
+    )
     rows: dict[str, list[RowSpec]] = {}
     for phase, specs in (data.get("phases") or {}).items():
         out: list[RowSpec] = []
@@ -166,7 +174,9 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
             spec_op = shapes.ops.get(op)
             scope = str(s.get("scope", "layer"))
             if scope not in SCOPES:
-                raise DeploymentError(f"{source}: row {op}: scope {scope!r} is not one of {', '.join(SCOPES)}")
+                raise DeploymentError(
+                    f"{source}: row {op}: scope {scope!r} is not one of {', '.join(SCOPES)}"
+                )
             set_name = s.get("paths")
             if set_name is not None and set_name not in path_sets:
                 raise DeploymentError(f"{source}: row {op}: unknown path set {set_name!r}")

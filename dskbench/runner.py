@@ -232,7 +232,7 @@ def prepare_case(
     except Unavailable as e:
         return {**base, "status": "skipped", "reason": str(e)}, None
     base["backend"] = backend_block(backend, resolved)
-    traffic = adapter.traffic(case)
+    traffic = adapter.traffic_for(backend.name, case)
     base["traffic"] = {
         "bytes": traffic.bytes,
         "flops": traffic.flops,

@@ -95,6 +95,11 @@ class Adapter:
         raise NotImplementedError
 
     # -- optional ---------------------------------------------------------------------------------
+    def traffic_for(self, backend: str, case: Case) -> Traffic:
+        """Traffic of one backend: a backend with other numerics (e.g. weight-only W4A16 Marlin for a
+        W4A4 kernel) moves other bytes and runs at another rate. Default: the kernel's traffic()."""
+        return self.traffic(case)
+
     def applies(self, case: Case) -> bool:
         """False drops the case silently (e.g. an FP8 GEMM kernel at an op whose weight is BF16 here)."""
         return True

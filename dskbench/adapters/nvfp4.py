@@ -104,8 +104,7 @@ class _NumericsAdapter(Adapter):
 
     def traffic_for(self, backend: str, case: Case) -> Traffic:
         """Per-backend traffic: traffic(case) is the W4A4 kernel's (FP4 rate); a W4A16 backend moves bf16
-        activations and runs at the bf16 rate. The runner asks traffic(case) today; this is for a runner
-        that asks per backend."""
+        activations and runs at the bf16 rate."""
         b = {x.name: x for x in self.all_backends()}[backend]
         return self.traffic_w4a16(case) if b.extra.get("numerics") == "w4a16" else self.traffic(case)
 

@@ -1,0 +1,372 @@
+"""dskbench pick on synthetic results: ties, missing and failing backends, path sums, the step estimate,
+server flags and the three outputs; plus the real deployment file and the real H200 results."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from dskbench import paths
+from dskbench.compare import Stat, significant
+from dskbench.pick import Picker, ResultIndex, cli_pick, combine, load_runs, pick
+from dskbench.pick_data import DeploymentError, load_deployment
+from dskbench.pick_render import render_html, render_json, render_markdown
+from dskbench.results import Run, environment_record, result_record
+from dskbench.shapes import default_shapes
+
+H200 = paths.REPO_ROOT / "results" / "h200-2026-11-21"
+
+# -- a small synthetic deployment and results -------------------------------------------------------------
+
+DEPLOYMENT = """
+server_flags:
+  --moe-runner-backend: {field: moe_runner_backend, choices: [auto, marlin, triton]}
+  --sampling-backend: {field: sampling_backend, choices: [flashinfer, pytorch]}
+backend_flags:
+  samp/flashinfer: {--sampling-backend: flashinfer}
+path_sets:
+  moe:
+    - name: fused
+      flags: {--moe-runner-backend: marlin}
+      parts:
+        - {op: topk, kernel: gatek}
+        - {op: experts, kernel: moek, backends: [m1, m2]}
+    - name: split
+      flags: {--moe-runner-backend: triton}
+      parts:
+        - {op: topk, kernel: gatek}
+        - {op: experts, kernel: alignk}
+        - {op: experts, kernel: gemmk}
+phases:
+  decode:
+    - {op: input_layernorm, kernels: [normk], what_if: {normx: cheaper but not this model's}}
+    - {op: q_b_proj, kernels: []}
+    - {name: attn, op: attn_mqa, kernels: [attk]}
+    - {op: act_fn, kernels: [actk, ghost]}
+    - {name: MoE, op: topk, ops: [topk, experts], paths: moe}
+    - {op: all_reduce, kernels: [ark], min_tp: 2}
+    - {op: sampler.forward, scope: step, kernels: [samp]}
+    - {op: enorm, scope: nextn, kernels: [normk]}
+estimate:
+  kv_len: 4096
+  layers: {dense: first_k_dense, moe: L_moe}
+  speculative: {target_tokens: num_draft_tokens, draft_forwards: num_steps, draft_layer: moe}
+"""
+
+
+def timing(median: float, spread: float = 0.01, n: int = 20) -> dict:
+    """Evenly spaced samples median*(1 +- spread): p10/p90 at +-0.8*spread."""
+    samples = [median * (1 + spread * (2 * i / (n - 1) - 1)) for i in range(n)]
+    return {
+        "median_us": median,
+        "p10_us": median * (1 - 0.8 * spread),
+        "p90_us": median * (1 + 0.8 * spread),
+        "samples_us": samples,
+        "n_samples": n,
+    }
+
+
+def rec(kernel, op, backend, batch, median=None, *, variant=None, status="ok", reason=None, var="T", kv=None,
+        tp=None, phase="decode", run="r1", **tkw) -> dict:  # fmt: skip
+    point = {var: batch}
+    if kv is not None:
+        point["kv_len"] = kv
+    if tp is not None:
+        point["tp"] = tp
+    opv = f"{op}:{variant}" if variant else op
+    fields = {
+        "case_id": f"{kernel}/{opv}/{phase}/" + ",".join(f"{k}={v}" for k, v in point.items()),
+        "kernel": kernel,
+        "op": op,
+        "variant": variant,
+        "phase": phase,
+        "point": point,
+        "dims": {},
+        "backend": {"name": backend, "label": f"{backend} label"},
+    }
+    if status == "ok":
+        fields["timing"] = timing(median, **tkw)
+    else:
+        fields["reason"] = reason
+    return result_record(run, status, **fields)
+
+
+def run_of(
+    records: list[dict], run_id: str = "r1", device: str = "NVIDIA H200", created: str = "2026-01-01"
+) -> Run:
+    env = environment_record(run_id, created=created, device={"kind": "cuda", "name": device}, versions={})
+    return Run(env, [dict(r, run_id=run_id) for r in records])
+
+
+def scenario() -> list[dict]:
+    out = []
+    for b, (norm, tie_b) in {1: (2.0, 2.01), 16: (2.0, 3.0)}.items():
+        out += [
+            rec("normk", "input_layernorm", "b_ok", b, norm),
+            rec("normk", "input_layernorm", "b_tie", b, tie_b),
+            rec(
+                "normk",
+                "input_layernorm",
+                "b_fast",
+                b,
+                status="wrong",
+                reason="relative error 0.3 > tolerance 0.02",
+            ),
+            rec("normx", "input_layernorm", "x", b, 1.0),
+            rec("actk", "act_fn", "a1", b, 3.0),
+            rec("gatek", "topk", "g", b, 1.0),
+            rec("moek", "experts", "m1", b, 10.0),
+            rec("moek", "experts", "m2", b, 12.0),
+            rec("alignk", "experts", "al", b, 2.0),
+            rec("samp", "sampler.forward", "flashinfer", b, 5.0, var="B"),
+            rec("normk", "enorm", "b_ok", b, 4.0),
+            rec("attk", "attn_mqa", "fa", b, 10.0, var="B", kv=4096),
+            rec("attk", "attn_mqa", "fa", b, 40.0, var="B", kv=32768),
+            rec("actk", "act_fn", "a1", b, 99.0, tp=8),  # another tp: ignored at tp=1
+        ]
+    out.append(rec("gemmk", "experts", "gm", 1, status="error", reason="RuntimeError: boom"))
+    out.append(rec("gemmk", "experts", "gm", 16, 1.0))
+    # T = 4 (the target model's verify batch at B = 1 with 4 draft tokens)
+    out += [
+        rec("normk", "input_layernorm", "b_ok", 4, 2.5),
+        rec("actk", "act_fn", "a1", 4, 3.5),
+        rec("gatek", "topk", "g", 4, 1.5),
+        rec("moek", "experts", "m1", 4, 20.0),
+        rec("attk", "attn_mqa", "fa", 4, 12.0, var="B", kv=4096),
+    ]
+    return out
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    p = tmp_path_factory.mktemp("dep") / "deployment.yaml"
+    p.write_text(DEPLOYMENT)
+    return load_deployment(default_shapes(), p)
+
+
+@pytest.fixture(scope="module")
+def picker(dep):
+    return Picker(ResultIndex([run_of(scenario())], "decode", 1), dep, "decode", 1)
+
+
+def row(picker, name):
+    return next(r for r in picker.rows if r.name == name)
+
+
+# -- ranking ---------------------------------------------------------------------------------------------
+
+
+def test_wrong_backend_is_excluded_with_its_reason_even_when_fastest(picker):
+    c = picker.cell(row(picker, "input_layernorm"), 1, None)
+    assert c.winner.name == "b_ok"
+    assert [o.name for o in c.excluded] == ["b_fast"]
+    assert c.excluded[0].status == "wrong" and "relative error 0.3" in c.excluded[0].reason
+
+
+def test_tie_inside_the_noise_and_clear_win_outside(picker):
+    r = row(picker, "input_layernorm")
+    tie = picker.cell(r, 1, None)
+    assert tie.runner_up.name == "b_tie" and tie.tie
+    assert tie.margin == pytest.approx(0.005)
+    clear = picker.cell(r, 16, None)
+    assert not clear.tie and clear.margin == pytest.approx(0.5)
+
+
+def test_tie_follows_compare_rank_test_when_spreads_overlap():
+    """Spreads overlap, but 40 samples a side separate them: not a tie (compare.significant says so)."""
+    from dskbench.pick import Outcome, judge_cell
+    from dskbench.pick_data import PathSpec
+
+    a = Stat(value=2.0, lo=1.92, hi=2.08, samples=tuple(2.0 + 0.1 * (2 * i / 39 - 1) for i in range(40)))
+    b = Stat(value=2.06, lo=1.98, hi=2.14, samples=tuple(2.06 + 0.1 * (2 * i / 39 - 1) for i in range(40)))
+    assert a.hi > b.lo  # the spreads overlap
+    cell = judge_cell([Outcome(PathSpec("a", ()), "ok", a), Outcome(PathSpec("b", ()), "ok", b)], 1, None)
+    assert cell.tie == (not significant(a, b)[0])
+    assert not cell.tie and "U test" in cell.how
+
+
+def test_what_if_is_shown_never_picked(picker):
+    c = picker.cell(row(picker, "input_layernorm"), 1, None)
+    assert [o.name for o in c.what_if] == ["normx/x"]
+    assert c.what_if[0].median < c.winner.median
+    assert c.what_if[0].path.what_if == "cheaper but not this model's"
+
+
+def test_missing_backend_and_missing_op_are_reported(picker):
+    c = picker.cell(row(picker, "act_fn"), 1, None)
+    assert c.winner.name == "actk/a1" and c.winner.median == 3.0  # the tp=8 record is not read at tp=1
+    assert [o.name for o in c.missing] == ["ghost"] and c.missing[0].status == "missing"
+    none = picker.cell(row(picker, "q_b_proj"), 1, None)
+    assert none.winner is None and not none.excluded
+
+
+def test_min_tp_rows_only_with_tensor_parallelism(dep, picker):
+    assert "all_reduce" not in [r.name for r in picker.rows]
+    tp8 = Picker(ResultIndex([run_of(scenario())], "decode", 8), dep, "decode", 8)
+    assert "all_reduce" in [r.name for r in tp8.rows]
+    assert tp8.cell(row(tp8, "act_fn"), 1, None).winner.median == 99.0
+
+
+# -- paths -----------------------------------------------------------------------------------------------
+
+
+def test_path_sums_its_parts_and_takes_the_fastest_backend_of_a_part(picker):
+    c = picker.cell(row(picker, "MoE"), 1, None)
+    w = c.winner
+    assert w.name == "fused" and w.median == pytest.approx(1.0 + 10.0)
+    assert [p.chosen.backend for p in w.parts] == ["g", "m1"]
+    # the split path has a failing part at B=1: excluded, with the part's reason
+    assert [o.name for o in c.excluded] == ["split"] and "RuntimeError: boom" in c.excluded[0].reason
+    c16 = picker.cell(row(picker, "MoE"), 16, None)
+    assert [o.name for o in c16.ranked] == ["split", "fused"]
+    assert c16.winner.median == pytest.approx(1.0 + 2.0 + 1.0)
+
+
+def test_combined_spread_adds_half_widths_in_quadrature():
+    s = combine([Stat(value=10, lo=9, hi=12), Stat(value=5, lo=2, hi=9, samples=(1.0,) * 9)])
+    assert s.value == 15
+    assert s.lo == pytest.approx(15 - (1**2 + 3**2) ** 0.5)
+    assert s.hi == pytest.approx(15 + (2**2 + 4**2) ** 0.5)
+    assert s.samples == ()  # a sum has no raw samples
+    one = combine([Stat(value=5, lo=4, hi=6, samples=(5.0,) * 9)])
+    assert one.samples == (5.0,) * 9 and (one.lo, one.hi) == (4, 6)
+
+
+def test_kv_dependent_rows_split_by_kv_len(picker):
+    r = row(picker, "attn")
+    assert picker.kv_values(r) == [4096, 32768]
+    assert picker.cell(r, 1, 32768).winner.median == 40.0
+
+
+# -- the step estimate -----------------------------------------------------------------------------------
+
+
+def test_step_estimate_layer_mix_and_speculative(dep):
+    p = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1], dep=dep)
+    e = p.phases[0].estimates[0]
+    assert dep.layer_counts == {"dense": 3, "moe": 58}
+    # dense layer: norm 2 + attention 10 (kv_len 4096) + act 3; MoE layer: norm 2 + attention 10 + MoE path 11
+    assert e.dense_layer.us == pytest.approx(15.0)
+    assert e.moe_layer.us == pytest.approx(23.0)
+    assert e.per_step.us == pytest.approx(5.0)
+    assert e.step.us == pytest.approx(3 * 15 + 58 * 23 + 5)
+    assert e.step.missing == ["q_b_proj"]  # no measurement: counted as lacking, adds nothing
+    assert e.contributions["MoE"] == pytest.approx(58 * 11.0)
+    assert e.contributions["input_layernorm"] == pytest.approx(61 * 2.0)
+    assert sum(e.contributions.values()) == pytest.approx(e.step.us)
+    # speculative: target layers at T = 4 (B x 4 draft tokens), 3 NextN forwards (MoE layer + enorm) at T = 1
+    target = 3 * (2.5 + 12 + 3.5) + 58 * (2.5 + 12 + 1.5 + 20)
+    assert e.spec_step.us == pytest.approx(target + 3 * (23 + 4))
+    assert e.spec_step.missing == ["q_b_proj", "q_b_proj @T=4"]  # lacking in the draft and the target
+
+
+def test_flags_follow_the_per_step_total(dep):
+    p = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1, 16], dep=dep)
+    flags = {b: {f.flag: f for f in fs} for b, fs in p.phases[0].flags.items()}
+    assert flags[1]["--moe-runner-backend"].value == "marlin"  # split has an error at B=1
+    assert flags[16]["--moe-runner-backend"].value == "triton"
+    assert flags[16]["--moe-runner-backend"].totals["marlin"][0] == pytest.approx(58 * 11.0)
+    assert flags[1]["--sampling-backend"].value == "flashinfer"
+
+
+# -- outputs ---------------------------------------------------------------------------------------------
+
+
+def test_markdown_html_json(dep):
+    p = pick(
+        [run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1, 16], dep=dep, inputs=["x.jsonl"]
+    )
+    md = render_markdown(p)
+    assert md.startswith("# Backend pick: NVIDIA H200, tp=1")
+    table = md.split("### Fastest correct backend per op")[1].split("\n\n")[1].splitlines()
+    assert table[0] == "| op | B=1 | B=16 |"
+    ln = next(line for line in table if line.startswith("| input_layernorm"))
+    assert "**b_ok** 2.00 ≈ b_tie +0.5% tie" in ln and "› b_tie +50.0%" in ln
+    assert "| q_b_proj | no measurement | no measurement |" in md
+    assert "b_fast: wrong at every point — normk/b_fast: relative error 0.3" in md
+    assert "ghost: no measurement at every point" in md
+    assert "**step** (3 dense + 58 MoE layers + per step)" in md and "(lacks 1)" in md
+    html = render_html(p)
+    assert html.count("<table>") == md.count("### ") - 1 and "**" not in html  # all but the details list
+    d = json.loads(json.dumps(render_json(p)))
+    assert d["schema"] == "dskbench.pick/1" and d["device"] == "NVIDIA H200"
+    moe = next(r for r in d["phases"]["decode"]["rows"] if r["row"] == "MoE")
+    p1 = moe["picks"]["1"]
+    assert p1["backend"] == "fused" and p1["flags"] == {"--moe-runner-backend": "marlin"}
+    assert [(x["kernel"], x["backend"]) for x in p1["parts"]] == [("gatek", "g"), ("moek", "m1")]
+    assert p1["excluded"][0]["backend"] == "split"
+    norm = next(r for r in d["phases"]["decode"]["rows"] if r["row"] == "input_layernorm")["picks"]["1"]
+    assert norm["tie"] is True and norm["runner_up"]["backend"] == "b_tie"
+    assert d["phases"]["decode"]["estimate"]["1"]["step"]["missing"] == ["q_b_proj"]
+
+
+def test_cli_pick_writes_files_and_rejects_bad_input(tmp_path, capsys):
+    from tests.fake_results import write_runs
+
+    f = write_runs([run_of(scenario())], tmp_path / "r.jsonl")
+    out = tmp_path / "out"
+    assert cli_pick([f], "decode", [1, 16], 1, out) == 0
+    assert "# Backend pick" in capsys.readouterr().out
+    assert {p.name for p in out.iterdir()} == {"pick.md", "pick.html", "pick.json"}
+    assert json.loads((out / "pick.json").read_text())["phases"]["decode"]["batches"] == [1, 16]
+    assert cli_pick([tmp_path / "nope.jsonl"], None, None, 1, None) == 2
+    assert cli_pick([f], "verify", None, 1, None) == 2
+    two = write_runs([run_of(scenario()), run_of(scenario(), "r2", "NVIDIA B200")], tmp_path / "two.jsonl")
+    assert cli_pick([two], None, None, 1, None) == 2
+    assert "several devices" in capsys.readouterr().err
+    assert load_runs([two], device="NVIDIA B200")[1] == "NVIDIA B200"
+
+
+def test_latest_run_wins_for_the_same_case():
+    old = run_of([rec("normk", "input_layernorm", "b_ok", 1, 9.0)], "r0", created="2025-01-01")
+    new = run_of([rec("normk", "input_layernorm", "b_ok", 1, 2.0)], "r1", created="2026-01-01")
+    idx = ResultIndex([new, old], "decode", 1)
+    assert idx.get("input_layernorm", None, "normk", "b_ok", 1, None).stat.value == 2.0
+
+
+# -- the real deployment file and results ----------------------------------------------------------------
+
+
+def test_real_deployment_file_is_consistent():
+    shapes = default_shapes()
+    dep = load_deployment(shapes)
+    registry = {p.stem for p in paths.REGISTRY_DIR.glob("*.yaml")}
+    for phase, rows in dep.rows.items():
+        assert rows, phase
+        for r in rows:
+            assert r.op in shapes.ops or not (r.kernels or r.paths), (
+                f"{r.name}: op {r.op} not in the shapes file"
+            )
+            named = [p.split("/")[0] for p in r.kernels] + [p.split("/")[0] for p, _ in r.what_if]
+            named += [k for p in r.paths for part in p.parts for k in part.kernels]
+            for k in named:
+                assert "*" in k or k in registry, f"{phase} {r.name}: kernel {k} not in the registry"
+            for p in r.paths:
+                for part in p.parts:
+                    assert part.op in shapes.ops, f"{r.name} path {p.name}: op {part.op}"
+    moe = next(r for r in dep.rows["decode"] if r.name.startswith("MoE"))
+    assert moe.layers == "moe" and {p.name for p in moe.paths} >= {"marlin", "flashinfer_trtllm"}
+    assert dep.layer_counts == {"dense": 3, "moe": 58}
+
+
+def test_unknown_flag_value_is_refused(tmp_path):
+    p = tmp_path / "d.yaml"
+    p.write_text(DEPLOYMENT.replace("{--moe-runner-backend: triton}", "{--moe-runner-backend: warp}"))
+    with pytest.raises(DeploymentError, match="'warp' is not an accepted value"):
+        load_deployment(default_shapes(), p)
+
+
+@pytest.mark.skipif(not (H200 / "sweep-quick.jsonl").exists(), reason="no H200 evidence in this checkout")
+def test_real_h200_results():
+    files = [H200 / n for n in ("sweep-quick.jsonl", "r2r-1.jsonl", "r2r-2.jsonl")]
+    runs, dev = load_runs(files)
+    p = pick(runs, dev)
+    dec = p.phases[0]
+    assert dev == "NVIDIA H200" and dec.batches == [1, 16, 64, 256]
+    by = {rp.label: rp for rp in dec.rows}
+    assert by["MoE (topk + experts)"].cells[1].winner.name == "marlin"
+    assert by["o_proj"].cells[64].winner.name == "marlin"
+    md = render_markdown(p)
+    assert re.search(r"\| `--moe-runner-backend` \| marlin \|", md)
