@@ -166,7 +166,7 @@ def test_generated_suite_as_asv_runner_sees_it(bench_module):
     assert lat.name == "bench_kernels.fake_ok.track_latency" and lat.unit == "seconds"
     assert benches[("fake_ok", "track_bandwidth")].unit == "GB/s"
     assert lat.params == [
-        ["'fake_ok/input_layernorm/prefill/T=128|fake'", "'fake_ok/input_layernorm/prefill/T=128|b200'"]
+        ["'fake_ok/input_layernorm/prefill/T=64|fake'", "'fake_ok/input_layernorm/prefill/T=64|b200'"]
     ]
     assert lat.version == f"dskbench-{suite.SUITE_VERSION}-cold"
     # one setup_cache per kernel (a shared key would hand fake_wrong the measurements of fake_ok)
@@ -260,8 +260,8 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     params = [p.strip("'") for p in lat["params"][0]]
     by_case = dict(zip(params, lat["result"], strict=True))
     ok_key, gpu_key = (
-        "fake_ok/input_layernorm/prefill/T=128|fake",
-        "fake_ok/input_layernorm/prefill/T=128|b200",
+        "fake_ok/input_layernorm/prefill/T=64|fake",
+        "fake_ok/input_layernorm/prefill/T=64|b200",
     )
     assert by_case[gpu_key] is None or math.isnan(by_case[gpu_key])  # skipped on CPU -> n/a
     assert get("fake_wrong.track_latency")["result"] == [None] or math.isnan(

@@ -14,6 +14,9 @@ from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, sele
 from dskbench.shapes import default_shapes  # noqa: E402
 
 FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_raise")
+DECODE_T = default_shapes().values("decode_tokens", "cpu")  # the CPU profile's decode points
+N = len(DECODE_T)
+N_ALL = N + len(default_shapes().values("prefill_tokens", "cpu"))
 
 
 def _entry(name: str, status: str = "benchmark", reason: str = "") -> SimpleNamespace:
@@ -60,9 +63,9 @@ def test_plan_skips_non_benchmark_and_adapterless_kernels(registry):
     reasons = {s["kernel"]: s["reason"] for s in skips}
     assert reasons["fake_host"].startswith("host-only")
     assert reasons["fake_noadapter"] == "no adapter for this kernel yet"
-    # CPU: only the torch reference runs; cpu profile decode T in [1, 16, 64]
+    # CPU: only the torch reference runs, at the cpu profile's decode points
     assert {i.backend for i in items} == {"torch-ref"}
-    assert sorted(i.case["point"]["T"] for i in items) == [1, 16, 64]
+    assert sorted(i.case["point"]["T"] for i in items) == DECODE_T
 
 
 def _run(tmp_path, registry, kernels, backends, isolate=True):
@@ -84,21 +87,21 @@ def test_statuses_ok_wrong_skipped(tmp_path, registry, isolate):
     assert wrong["status"] == "wrong" and "relative error" in wrong["reason"] and "timing" not in wrong
     sk = by[("fake_ok", "b200", 16)]
     assert sk["status"] == "skipped" and sk["reason"].startswith("needs sm100")
-    assert summary.counts["ok"] == 3 and summary.counts["wrong"] == 3 and summary.counts["skipped"] == 3
+    assert summary.counts["ok"] == N and summary.counts["wrong"] == N and summary.counts["skipped"] == N
 
 
 def test_crash_loses_only_its_case(tmp_path, registry):
     summary, run = _run(tmp_path, registry, ["fake_ok", "fake_crash", "fake_poison", "fake_raise"], ["fake"])
     status = {(r["kernel"], r["point"]["T"]): r for r in run.results}
-    for t in (1, 16, 64):
+    for t in DECODE_T:
         assert status[("fake_ok", t)]["status"] == "ok"
         crash = status[("fake_crash", t)]
         assert crash["status"] == "error" and "worker process died (exit code 77)" in crash["reason"]
         assert status[("fake_poison", t)]["status"] == "error"
         assert "illegal memory access" in status[("fake_poison", t)]["reason"]
         assert status[("fake_raise", t)]["reason"] == "ValueError: shape mismatch in fake kernel"
-    assert summary.counts["ok"] == 3 and summary.counts["error"] == 9
-    assert len(run.results) == 12
+    assert summary.counts["ok"] == N and summary.counts["error"] == 3 * N
+    assert len(run.results) == 4 * N
 
 
 def test_missing_backend_is_not_available(tmp_path, registry):
@@ -128,9 +131,9 @@ def test_resume_skips_finished_cases_and_retries_errors(tmp_path, registry, monk
     args = ["run", "--device", "cpu", "--kernel", "fake_ok", "--kernel", "fake_raise", "--backend", "fake"]
     assert cli.main([*args, "--out", str(out), "--budget", "0.02"]) == 0
     first = read_runs([out])
-    assert len(first) == 1 and len(first[0].results) == 8
+    assert len(first) == 1 and len(first[0].results) == 2 * N_ALL
     assert cli.main([*args, "--out", str(out), "--budget", "0.02", "--resume"]) == 0
     runs = read_runs([out])
     assert len(runs) == 2
-    # fake_ok's 4 cases were done; fake_raise's 4 errors are retried
-    assert sorted(r["kernel"] for r in runs[1].results) == ["fake_raise"] * 4
+    # fake_ok's cases were done; fake_raise's errors are retried
+    assert sorted(r["kernel"] for r in runs[1].results) == ["fake_raise"] * N_ALL

@@ -13,6 +13,7 @@ import pytest
 
 from dskbench import suite
 from dskbench.results import read_runs
+from dskbench.shapes import default_shapes
 from tests.suite_helpers import REPO, make_fake_root, run_pytest, write_registry
 
 
@@ -109,7 +110,10 @@ def test_load_plan_plans_in_a_subprocess_then_reads_the_cache(fake_root, monkeyp
     fingerprint = suite.plan_fingerprint(sel)
     plan = suite.load_plan(sel)
     assert sorted(plan.kernels) == ["fake_ok", "fake_wrong"]
-    assert plan.keys("fake_ok") == [f"fake_ok/input_layernorm/decode/T={t}|torch-ref" for t in (1, 16, 64)]
+    assert plan.keys("fake_ok") == [
+        f"fake_ok/input_layernorm/decode/T={t}|torch-ref"
+        for t in default_shapes().values("decode_tokens", "cpu")
+    ]
     assert {s["kernel"]: s["reason"] for s in plan.skipped}["fake_host"].startswith("host-only")
     assert plan.kernel_of()["fake_wrong/input_layernorm/decode/T=16|torch-ref"] == "fake_wrong"
 
