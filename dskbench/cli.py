@@ -1,4 +1,4 @@
-"""Command line: `dskbench registry generate | list | run | report | compare`."""
+"""Command line: `dskbench registry generate | list | run | report | compare | pick`."""
 
 from __future__ import annotations
 
@@ -75,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--no-fail", action="store_true", help="exit 0 even when something regressed")
     cmp_.add_argument("-v", "--verbose", action="store_true", help="list unchanged cases too")
 
+    pk = sub.add_parser(
+        "pick", help="fastest correct backend per DeepSeek op and batch; decode-step estimate"
+    )
+    pk.add_argument("results", nargs="+", type=Path)
+    pk.add_argument("--phase", choices=("decode", "prefill"), help="default: both")
+    pk.add_argument("--batch", type=_csv_ints, help="batch points, e.g. 1,8,64,256 (default: all measured)")
+    pk.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the deployment (default 1)")
+    pk.add_argument("--kv-len", type=int, help="KV context length for attention rows")
+    pk.add_argument("--device", help="GPU name, when the results hold several")
+    pk.add_argument("--out", type=Path, help="folder for pick.md, pick.html, pick.json")
+
     rep = sub.add_parser("report", help="HTML and Markdown report of results files")
     rep.add_argument("results", nargs="+", type=Path)
     rep.add_argument("--out", type=Path, required=True, help="output folder")
@@ -94,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "pick":
+            from dskbench.pick import cli_pick
+
+            batch = list(args.batch) if args.batch else None
+            return cli_pick(
+                args.results, args.phase, batch, args.tp, args.out, kv_len=args.kv_len, device=args.device
+            )
         if args.command == "compare":
             from dskbench.compare import cli_compare
 

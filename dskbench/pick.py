@@ -235,6 +235,8 @@ class Cell:
 
 
 def judge_cell(outcomes: list[Outcome], batch: int, kv: int | None, threshold: float = 0.0) -> Cell:
+    """Rank the correct candidates; winner and runner-up tie when compare.significant does not separate
+    them (or, with a threshold, when the margin is under it)."""
     cell = Cell(batch, kv)
     for o in outcomes:
         if o.status == "ok":
@@ -297,10 +299,11 @@ class Picker:
                 continue
             self.used.add((kernel, row.op, row.variant, backend))
             auto.append((kernel, backend, cls[1] if cls[0] == "what_if" else None))
-        real_kernels = {k for k, _, w in auto if w is None} | {k for k, _ in row.expected}
+        # backend alone when one kernel is measured for the row (an unmeasured one shows as its kernel name)
+        real_kernels = {k for k, _, w in auto if w is None}
         real_kernels |= {k for p in row.paths for part in p.parts for k in part.kernels}
         for kernel, backend, what_if in auto:
-            short = len(real_kernels) <= 1 and (kernel in real_kernels or not real_kernels)
+            short = len(real_kernels) == 1 and kernel in real_kernels
             name = backend if short else f"{kernel}/{backend}"
             part = Part(row.op, (kernel,), row.variant, (backend,))
             out.append(PathSpec(name, (part,), self.dep.flags_of(kernel, backend), what_if))
@@ -320,10 +323,9 @@ class Picker:
         return sorted(kvs) if kvs else [None]
 
     def batches(self) -> list[int]:
+        """Every batch point some candidate of some row was measured at."""
         out: set[int] = set()
         for row in self.rows:
-            if row.scope in ("nextn", "spec") and self.phase != "decode":
-                continue
             for c in self.candidates[row.name]:
                 for p in c.parts:
                     out |= {b for b, _ in self.idx.points(p.op, p.variant, p.kernels)}

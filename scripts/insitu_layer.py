@@ -57,9 +57,8 @@ def one_point(
     from dskbench.shapes import Case
 
     steps, missing = layer_kernels(picker, batch, args.kv_len, args.layer)
-    prepared: dict[
-        tuple[str, str], Any
-    ] = {}  # (case_id, backend) -> Prepared: a kernel called twice is built once
+    # (case_id, backend) -> Prepared: a kernel called twice in the layer is built once
+    prepared: dict[tuple[str, str], Any] = {}
     failed: list[dict[str, Any]] = []
     kernels: list[dict[str, Any]] = []
     for i, (row, m) in enumerate(steps):
@@ -104,8 +103,12 @@ def one_point(
         for launch in launches:
             launch()
 
-    capturable = all(p.backend.capturable for p in prepared.values())
-    whole = measure([layer], device="cuda", mode=args.mode, capturable=capturable, settings=settings)
+    capturable = all(prepared[k["key"]].backend.capturable for k in kernels)
+    try:
+        whole = measure([layer], device="cuda", mode=args.mode, capturable=capturable, settings=settings)
+    except Exception as e:  # noqa: BLE001 - the JSON says why instead of losing the other batch sizes
+        point["layer_error"] = f"{type(e).__name__}: {e}"[:500]
+        return point
     for k in kernels:
         k["isolated"] = summary(isolated[k["key"]])
         del k["key"]

@@ -196,7 +196,7 @@ def test_what_if_is_shown_never_picked(picker):
 
 def test_missing_backend_and_missing_op_are_reported(picker):
     c = picker.cell(row(picker, "act_fn"), 1, None)
-    assert c.winner.name == "actk/a1" and c.winner.median == 3.0  # the tp=8 record is not read at tp=1
+    assert c.winner.name == "a1" and c.winner.median == 3.0  # the tp=8 record is not read at tp=1
     assert [o.name for o in c.missing] == ["ghost"] and c.missing[0].status == "missing"
     none = picker.cell(row(picker, "q_b_proj"), 1, None)
     assert none.winner is None and not none.excluded
@@ -370,3 +370,23 @@ def test_real_h200_results():
     assert by["o_proj"].cells[64].winner.name == "marlin"
     md = render_markdown(p)
     assert re.search(r"\| `--moe-runner-backend` \| marlin \|", md)
+
+
+def test_insitu_layer_sequence_follows_the_picks(picker):
+    """scripts/insitu_layer.py runs the chosen kernels of one layer in execution order (CPU: the plan only)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "insitu_layer", paths.REPO_ROOT / "scripts" / "insitu_layer.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    steps, missing = mod.layer_kernels(picker, 1, 4096, "moe")
+    assert [(row, m.kernel, m.backend) for row, m in steps] == [
+        ("input_layernorm", "normk", "b_ok"),
+        ("attn", "attk", "fa"),
+        ("MoE", "gatek", "g"),
+        ("MoE", "moek", "m1"),
+    ]
+    assert missing == ["q_b_proj"]
+    assert steps[1][1].record["point"] == {"B": 1, "kv_len": 4096}  # the exact case the adapter rebuilds
