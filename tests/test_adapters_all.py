@@ -57,3 +57,25 @@ def test_every_case_has_traffic(name):
         t = a.traffic(c)
         assert t.bytes > 0 and t.flops >= 0, (c.id, t)
         assert t.compute in ("bf16", "fp8", "fp4", "int8"), (c.id, t.compute)
+
+
+def test_memo_computes_once_and_follows_its_sources():
+    import torch
+
+    from dskbench.adapters.base import input_bytes, memo
+
+    calls = []
+    inputs = {"w": torch.ones(4)}
+
+    def deq():
+        calls.append(1)
+        return inputs["w"] * 2
+
+    assert memo(inputs, "w2", deq, ("w",)).tolist() == [2.0] * 4
+    memo(inputs, "w2", deq, ("w",))
+    assert len(calls) == 1  # cached
+    inputs["w"].mul_(3)  # modified in place: stale
+    assert memo(inputs, "w2", deq, ("w",)).tolist() == [6.0] * 4 and len(calls) == 2
+    inputs["w"] = torch.zeros(4)  # another tensor: stale
+    assert memo(inputs, "w2", deq, ("w",)).tolist() == [0.0] * 4 and len(calls) == 3
+    assert input_bytes(inputs) == 16  # the memo is not an input

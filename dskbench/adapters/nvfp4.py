@@ -29,7 +29,7 @@ import torch
 
 from dskbench import nvfp4 as fp4
 from dskbench.adapters import register
-from dskbench.adapters.base import Adapter, Check, Traffic, rel_error
+from dskbench.adapters.base import Adapter, Check, Traffic, memo, rel_error
 from dskbench.backends import SM100, Backend, Requirement
 from dskbench.shapes import Case, default_shapes
 
@@ -564,12 +564,21 @@ class CutlassScaledFp4Mm(_NumericsAdapter):
 
     def reference(self, inputs: dict[str, Any], case: Case) -> Refs:
         def w4a4() -> torch.Tensor:
-            return fp4.fp4_gemm_reference(
-                inputs["x_fp4"], inputs["x_sf"], inputs["w"], inputs["w_sf"], inputs["alpha"]
+            a = fp4.dequantize_nvfp4(inputs["x_fp4"], inputs["x_sf"])
+            w = memo(
+                inputs, "w_deq", lambda: fp4.dequantize_nvfp4(inputs["w"], inputs["w_sf"]), ("w", "w_sf")
             )
+            with fp4.exact_fp32_matmul():
+                out = a @ w.T
+            return out * torch.as_tensor(inputs["alpha"], dtype=torch.float32, device=out.device)
 
         def w4a16() -> torch.Tensor:
-            w = fp4.dequantize_nvfp4(inputs["w"], inputs["w_sf"], 1.0 / inputs["weight_scale_2"])
+            w = memo(
+                inputs,
+                "w_deq16",
+                lambda: fp4.dequantize_nvfp4(inputs["w"], inputs["w_sf"], 1.0 / inputs["weight_scale_2"]),
+                ("w", "w_sf", "weight_scale_2"),
+            )
             with fp4.exact_fp32_matmul():
                 return inputs["x"].float() @ w.T
 
