@@ -31,7 +31,8 @@ def _cases(name: str):
 def test_every_adapter_is_a_registry_kernel_to_benchmark():
     for name in ADAPTERS:
         assert name in REGISTRY, f"adapter for {name!r}, which the traces do not name"
-        assert REGISTRY[name].status == "benchmark", name
+        # multi-GPU kernels have adapters for their torchrun benchmark (scripts/comm_bench.py)
+        assert REGISTRY[name].status in ("benchmark", "needs-multi-gpu"), name
     # the kernels to benchmark without an adapter are few and known
     missing = sorted(n for n, e in REGISTRY.items() if e.status == "benchmark" and n not in ADAPTERS)
     assert len(missing) <= 5, missing

@@ -19,7 +19,7 @@ SHAPES = default_shapes()
 
 
 def _case(kernel: str, t: int, phase: str = "decode") -> Case:
-    cases = SHAPES.cases(kernel, ["topk"], "topk", phase, profile="cpu")
+    cases = SHAPES.cases(kernel, ["topk"], "topk", phase, profile="full")
     return next(c for c in cases if c.point["T"] == t)
 
 

@@ -22,10 +22,11 @@ MODULES = (
     "dskbench.adapters.speculative",
     "dskbench.adapters.nvfp4",
     "dskbench.adapters.misc",
+    "dskbench.adapters.comm",
 )
 
 _REGISTRY: dict[str, type[Adapter]] = {}
-_loaded = False
+_imported: set[str] = set()
 
 
 def register(cls: type[Adapter]) -> type[Adapter]:
@@ -39,17 +40,17 @@ def register(cls: type[Adapter]) -> type[Adapter]:
 
 
 def _load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    extra = tuple(m for m in os.environ.get("DSKBENCH_EXTRA_ADAPTERS", "").split(",") if m.strip())
+    """Import the adapter modules not imported yet (extra modules may be named after the first call)."""
+    extra = tuple(m.strip() for m in os.environ.get("DSKBENCH_EXTRA_ADAPTERS", "").split(",") if m.strip())
     for mod in (*MODULES, *extra):
+        if mod in _imported:
+            continue
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
             if e.name != mod:  # a dependency is missing, not the module itself
                 raise
-    _loaded = True
+        _imported.add(mod)
 
 
 def adapters() -> dict[str, type[Adapter]]:
