@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="input seed (default: fresh inputs every run)")
     run.add_argument("--budget", type=float, help="time budget per case, seconds")
     run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
+    run.add_argument(
+        "--gpus",
+        help="shard the cases over this host's GPUs, one worker per GPU: 'all' or a count (default: one GPU)",
+    )
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     run.add_argument(
         "--resume",
@@ -188,6 +192,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     device, note = _device_choice(args.device)
     if note:
         print(note, file=sys.stderr)
+    gpus = 1
+    if args.gpus is not None:
+        from dskbench.backends import DeviceInfo
+        from dskbench.shard import ShardError, parse_gpus
+
+        if args.no_isolate:
+            print(
+                "dskbench: --gpus runs one worker process per GPU; it cannot be --no-isolate", file=sys.stderr
+            )
+            return EXIT_USAGE
+        try:
+            gpus = parse_gpus(args.gpus, DeviceInfo.detect("cuda").count if device == "cuda" else 0)
+        except ShardError as e:
+            print(f"dskbench: {e}", file=sys.stderr)
+            return EXIT_USAGE
     sweeps = args.sweep or ["decode", "prefill"]
     if "all" in sweeps:
         sweeps = list(SWEEPS)
@@ -201,6 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
+        gpus=gpus,
     )
     registry, shapes = _registry_and_shapes()
     try:
@@ -230,8 +250,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         for s in skips:
             print(f"{s['kernel']}  skipped: {s['reason']}")
         print(f"{len(items)} cases to run, {len(skips)} kernels skipped at planning")
+        if gpus > 1:
+            from dskbench.shard import print_shards
+
+            print_shards(items, opts)
         return EXIT_OK
-    print(f"{len(items)} cases on {device} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
+    where = f"{gpus} GPUs" if gpus > 1 else device
+    print(f"{len(items)} cases on {where} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
     summary = run_sweep(items, skips, opts, out, progress=Progress(len(items)))
     print(summary.line())
     return EXIT_OK

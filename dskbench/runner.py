@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections import Counter
@@ -39,6 +40,11 @@ POISONING_ERRORS = (
 )
 EXIT_POISONED = 3
 MODES = ("cold", "hot", "rotate")
+
+
+# Registry statuses whose kernels are planned case by case: a needs-multi-gpu kernel with an adapter
+# gets one record per case, skipped with the GPU count it needs (scripts/comm_bench.py measures it).
+PLANNED_STATUSES = ("benchmark", "needs-multi-gpu")
 
 
 class PlanError(ValueError):
@@ -84,6 +90,8 @@ class SweepOptions:
     isolate: bool = True
     budget_s: float | None = None  # per-case time budget override
     measure_ceilings: bool = True
+    gpus: int = 1  # >1: shard the items over this many GPUs, one worker process each (dskbench/shard.py)
+    host_gpus: int | None = None  # GPUs of the host when a worker sees only its own (multi-GPU gating)
 
 
 # -- planning -------------------------------------------------------------------------------------------
@@ -119,15 +127,18 @@ def plan_sweep(
     known_backends: set[str] = set()
     for name in kernels:
         entry = registry[name]
-        if entry.status != "benchmark":
-            skips.append(
-                {"kernel": name, "case_id": name, "reason": f"{entry.status}: {entry.status_reason}"}
-            )
+        status_skip = {"kernel": name, "case_id": name, "reason": f"{entry.status}: {entry.status_reason}"}
+        if entry.status not in PLANNED_STATUSES:
+            skips.append(status_skip)
             continue
         adapter = get_adapter(name)
         if adapter is None:
+            if entry.status != "benchmark":
+                skips.append(status_skip)
+                continue
             skips.append({"kernel": name, "case_id": name, "reason": "no adapter for this kernel yet"})
             continue
+        planned = len(items)
         all_b = adapter.all_backends()
         known_backends.update(b.name for b in all_b)
         chosen = [b for b in all_b if _backend_selected(b, backends, opts.device)]
@@ -140,6 +151,8 @@ def plan_sweep(
                     continue
                 for b in chosen:
                     items.append(WorkItem(len(items), name, b.name, case.to_json(), entry.category))
+        if entry.status != "benchmark" and len(items) == planned:  # e.g. an all-reduce at --tp 1 only
+            skips.append(status_skip)
     if backends:
         unknown = sorted(set(backends) - known_backends)
         if unknown:
@@ -222,6 +235,7 @@ def prepare_case(
     }
     reason = (
         backend.requires.reason_unmet(device)
+        or multi_gpu_reason(adapter.gpus_needed(case), device)
         or adapter.skip_reason(case)
         or (backend.skip(case) if backend.skip else None)
     )
@@ -272,10 +286,25 @@ def prepare_case(
     return base, Prepared(adapter, backend, resolved, case, inputs, launch, traffic, dev, seed)
 
 
+def multi_gpu_reason(needed: int, device: DeviceInfo) -> str | None:
+    """Why a case that needs several GPUs is not run here: too few GPUs, or (enough of them) because
+    one process per GPU is needed, which the sweep's worker is not."""
+    if needed <= 1:
+        return None
+    if needed > device.count:
+        return f"needs {needed} GPUs (found {device.count})"
+    return (
+        f"needs {needed} processes, one per GPU: measured by "
+        f"`torchrun --nproc-per-node {needed} scripts/comm_bench.py`"
+    )
+
+
 def execute_item(
     item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: dict | None
 ) -> dict[str, Any]:
     """Prepare (gate, resolve, check), then time through the measurement core. Returns record fields."""
+    if opts.host_gpus and opts.host_gpus > device.count:  # a shard's worker sees one GPU of several
+        device = dataclasses.replace(device, count=opts.host_gpus)
     case = Case.from_json(item.case)
     base, prep = prepare_case(
         item.kernel, case, item.backend, device, case_seed(run_seed, case.id, item.backend)
@@ -403,6 +432,34 @@ class SweepSummary:
         return f"{self.items} cases: {parts} in {self.wall_s:.1f} s -> {self.out}"
 
 
+class Recorder:
+    """The one writer of a sweep's result records: thread-safe, so that the workers of several GPUs
+    (dskbench/shard.py) record through it as their cases finish. Counts statuses and reports progress."""
+
+    def __init__(self, writer: ResultsWriter, run_id: str, progress: Any = None):
+        self.writer, self.run_id, self.progress = writer, run_id, progress
+        self.counts: Counter = Counter()
+        self.closed = False  # set once the sweep ends (an interrupted shard may still report)
+        self._lock = threading.Lock()
+
+    def skip(self, s: dict[str, Any]) -> None:
+        with self._lock:
+            self.writer.write(result_record(self.run_id, "skipped", backend={"name": "-"}, **s))
+            self.counts["skipped"] += 1
+
+    def __call__(self, item: WorkItem, fields: dict[str, Any], **extra: Any) -> None:
+        fields = {**fields, **extra}
+        fields.pop("poisoned", None)
+        status = fields.pop("status")
+        with self._lock:
+            if self.closed:
+                return
+            self.writer.write(result_record(self.run_id, status, index=item.index, **fields))
+            self.counts[status] += 1
+            if self.progress:
+                self.progress(item, status, fields)
+
+
 def run_sweep(
     items: list[WorkItem],
     skips: list[dict[str, Any]],
@@ -410,6 +467,10 @@ def run_sweep(
     out: Path,
     progress: Any = None,
 ) -> SweepSummary:
+    if opts.gpus > 1:
+        from dskbench.shard import run_sharded
+
+        return run_sharded(items, skips, opts, out, progress)
     from dskbench.environment import environment, new_run_id
 
     t0 = time.monotonic()
@@ -422,7 +483,6 @@ def run_sweep(
         from dskbench.measure import measure_ceilings
 
         ceilings = measure_ceilings("cuda")
-    counts: Counter = Counter()
     with ResultsWriter(out) as w:
         w.write(
             environment_record(
@@ -433,24 +493,16 @@ def run_sweep(
                 command=sys.argv,
             )
         )
+        record = Recorder(w, run_id, progress)
         for s in skips:
-            w.write(result_record(run_id, "skipped", backend={"name": "-"}, **s))
-            counts["skipped"] += 1
-
-        def record(item: WorkItem, fields: dict[str, Any]) -> None:
-            fields.pop("poisoned", None)
-            status = fields.pop("status")
-            w.write(result_record(run_id, status, index=item.index, **fields))
-            counts[status] += 1
-            if progress:
-                progress(item, status, fields)
-
+            record.skip(s)
         if opts.isolate:
             _run_isolated(items, device, opts, run_seed, ceilings, record)
         else:
             for item in items:
                 record(item, run_one(item, device, opts, run_seed, ceilings))
-    return SweepSummary(out, counts, time.monotonic() - t0, len(items) + len(skips))
+        record.closed = True
+    return SweepSummary(out, record.counts, time.monotonic() - t0, len(items) + len(skips))
 
 
 def run_one(
@@ -487,31 +539,45 @@ def _run_isolated(items, device, opts, run_seed, ceilings, record) -> None:
     if not items:
         return
     with tempfile.TemporaryDirectory(prefix="dskbench-") as tmp:
-        plan = Path(tmp) / "plan.json"
-        plan.write_text(
-            json.dumps(
-                {
-                    "items": [dataclasses.asdict(i) for i in items],
-                    "opts": dataclasses.asdict(opts),
-                    "run_seed": run_seed,
-                    "ceilings": ceilings,
-                }
-            )
-        )
+        plan = write_plan(Path(tmp) / "plan.json", items, opts, run_seed, ceilings)
         start = 0
         while start < len(items):
             start = _one_worker(plan, items, start, record)
 
 
-def _one_worker(plan: Path, items: list[WorkItem], start: int, record) -> int:
+def write_plan(path: Path, items: list[WorkItem], opts: SweepOptions, run_seed: int, ceilings) -> Path:
+    """The plan file a worker reads. Item i must sit at position i (the worker protocol uses both)."""
+    assert all(it.index == n for n, it in enumerate(items)), "plan items must be numbered 0..n-1"
+    plan = {
+        "items": [dataclasses.asdict(i) for i in items],
+        "opts": dataclasses.asdict(opts),
+        "run_seed": run_seed,
+        "ceilings": ceilings,
+    }
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _one_worker(
+    plan: Path,
+    items: list[WorkItem],
+    start: int,
+    record,
+    env: dict[str, str] | None = None,
+    live: set | None = None,
+) -> int:
     """Start a worker at `start`; return where the next worker must start.
 
     Protocol on the worker's stdout: ``BEGIN i`` before item i, ``RESULT {json}`` after it, and
     ``NEXT n`` when it exits on purpose (n = len(items) when done, i + 1 after a poisoning error).
+    `env`: the worker's environment (a shard sets CUDA_VISIBLE_DEVICES); `live`: a set the running
+    process is kept in, so that an interrupted sharded sweep can stop it.
     """
     cmd = [sys.executable, "-m", "dskbench.worker", str(plan), str(start)]
     with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1, env=env)
+        if live is not None:
+            live.add(proc)
         assert proc.stdout is not None
         current: int | None = None
         last_done = start - 1
@@ -527,6 +593,8 @@ def _one_worker(plan: Path, items: list[WorkItem], start: int, record) -> int:
             elif kind == "NEXT":
                 next_index = int(payload)
         code = proc.wait()
+        if live is not None:
+            live.discard(proc)
         if current is None and next_index is not None:
             return next_index
         failed = current if current is not None else last_done + 1

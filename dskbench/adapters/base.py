@@ -108,6 +108,10 @@ class Adapter:
         """A reason this kernel does not apply to this case (e.g. dsv3_fused_a_gemm needs T <= 16)."""
         return None
 
+    def gpus_needed(self, case: Case) -> int:
+        """GPUs, one process each, the case needs (a communication kernel: its TP degree)."""
+        return 1
+
     def check(self, out: Any, ref: Any, case: Case) -> Check:
         """Default: relative Frobenius error of each output tensor against a dtype-set tolerance."""
         outs, refs = _as_tuple(out), _as_tuple(ref)

@@ -1,0 +1,393 @@
+"""Timing a collective (an all-reduce across ranks) with the measurement core, every rank in step.
+
+`measure()` cannot time a collective as it is: each rank would size its graphs, its batches and its
+stopping point from its own clock, and a rank that launches one all-reduce more than the others waits
+for ever. Here every choice that decides how many kernels are launched is made once for all ranks:
+
+* launches per graph (or per eager group) and replays per batch: rank 0's values, broadcast;
+* graph capture counts only when it worked on every rank (else all ranks time eagerly);
+* sampling stops when the core's stopping rule (stats.Stopper) has stopped on every rank.
+
+Everything else is the core's: the CUDA timers (graph replays behind a GPU sleep, cold-L2 flushes
+subtracted), the statistics, and the Measurement (core.assemble), computed per rank from its own
+samples. The first replay (eager: first sample) of each batch is not a sample: each rank's GPU starts a
+batch behind its own sleep, and that first collective absorbs the ranks' skew, so every sample is a
+collective that the ranks entered together.
+
+The agreement goes over a CPU (gloo) process group, between batches, while the GPUs are idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dskbench.measure.core import CaptureFailed, assemble, gap_for, launches_for, make_stopper, subtract_gap
+from dskbench.measure.settings import Measurement, MeasureSettings
+from dskbench.measure.stats import Stopper
+
+CPU_CALLS_PER_BATCH = 8  # cpu-wall: timed calls per batch (after the untimed one)
+PRE_CALIBRATION_LAUNCHES = 8  # eager launches timed (twice) to choose launches per graph
+
+
+class Agreement:
+    """Rank 0 decides, every rank follows; `group` is a CPU (gloo) process group, or None for the default
+    group. Without an initialised process group (one rank) every call returns its own argument."""
+
+    def __init__(self, group: Any = None):
+        import torch.distributed as dist
+
+        self.group = group
+        self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+        self.rank = dist.get_rank(group) if self.active else 0
+        self.size = dist.get_world_size(group) if self.active else 1
+
+    def _src(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_global_rank(self.group, 0) if self.group is not None else 0
+
+    def value(self, x: float) -> float:
+        """Rank 0's x on every rank."""
+        if not self.active:
+            return x
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(x)], dtype=torch.float64)
+        dist.broadcast(t, src=self._src(), group=self.group)
+        return float(t.item())
+
+    def all(self, flag: bool) -> bool:
+        """True only where every rank says True."""
+        if not self.active:
+            return bool(flag)
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(t.item())
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's obj, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+def drive_collective(
+    timer: Any,
+    settings: MeasureSettings,
+    agree: Agreement,
+    busy: Callable[[], None] = lambda: None,
+    gap_us: float | None = None,
+    raw: list[float] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Stopper:
+    """core.drive, with the stop agreed: batches go on until every rank's stopping rule has stopped
+    (a rank that stopped first keeps launching, in step, and ignores the extra samples)."""
+    stopper = make_stopper(settings, now)
+    while True:
+        batch = timer.batch(busy)
+        if not stopper.stopped:
+            if raw is not None:
+                raw.extend(batch)
+            stopper.add(subtract_gap(batch, gap_us))
+        if agree.all(stopper.stopped):
+            break
+        if settings.cooldown > 0 and timer.batch_gpu_us > 0:
+            sleep(settings.cooldown * timer.batch_gpu_us * 1e-6)
+    return stopper
+
+
+class CpuCollectiveTimer:
+    """cpu-wall for collectives on CPU tensors (gloo): a fixed number of calls per batch, the first one
+    untimed (it absorbs the ranks' skew). Lets the collective path run, and be tested, on a CPU."""
+
+    method = "cpu-wall"
+    launches_per_sample = 1
+    flush_us = None
+
+    def __init__(
+        self, launchers: Sequence[Callable[[], Any]], clock_ns: Callable[[], int] = time.perf_counter_ns
+    ):
+        self.launchers = list(launchers)
+        self.clock_ns = clock_ns
+        self.notes: list[str] = []
+        self.batch_gpu_us = 0.0
+        self.calls = 0
+
+    def prepare(self) -> None:
+        pass
+
+    def batch(self, busy: Callable[[], None]) -> list[float]:
+        n = len(self.launchers)
+        self.launchers[self.calls % n]()
+        self.calls += 1
+        out = []
+        for _ in range(CPU_CALLS_PER_BATCH):
+            t0 = self.clock_ns()
+            self.launchers[self.calls % n]()
+            out.append((self.clock_ns() - t0) / 1000.0)
+            self.calls += 1
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def _cuda_timer_classes() -> tuple[type, type]:
+    """The collective subclasses of the CUDA timers (built on first use: cuda.py imports torch)."""
+    from dskbench.measure import cuda
+
+    class CollectiveGraphTimer(cuda.GraphTimer):
+        """GraphTimer with an agreed graph size and replay count, capture agreed by all ranks, and the
+        first replay of each batch dropped. `capture_context` wraps each capture (a custom all-reduce
+        registers the buffers the graph uses when its context exits)."""
+
+        def __init__(self, *args: Any, n: int, agree: Agreement, capture_context: Callable[[], Any]):
+            super().__init__(*args)
+            self.n_agreed, self.agree, self.capture_context = n, agree, capture_context
+
+        def _build(self, n: int) -> None:
+            self.close()
+            graphs: list[Any] = []
+            err: CaptureFailed | None = None
+            with self.capture_context():
+                try:
+                    graphs.append(self._capture(n, launches=True))
+                    if self.cold:
+                        graphs.append(self._capture(n, launches=False))
+                except CaptureFailed as e:
+                    err = e
+                ok = self.agree.all(err is None)  # inside the context: its exit is a collective too
+                if not ok:
+                    for g in graphs:
+                        g.reset()
+                    raise err or CaptureFailed("graph capture failed on another rank")
+            for g in graphs:  # first replay uploads the graph: keep it out of any timing
+                g.replay()
+            cuda.torch.cuda.synchronize()
+            self.graphs, self.n = graphs, n
+
+        def prepare(self) -> None:
+            self._build(self.n_agreed)
+            total, flush = self._per_launch()
+            pair_us = max(self.n * (total + flush), 1e-3)
+            want = max(
+                1, min(cuda.MAX_REPLAYS_PER_BATCH, math.ceil(self.settings.batch_target_ms * 1000 / pair_us))
+            )
+            self.replays = int(self.agree.value(want))
+            self.launches_per_sample = self.n
+
+        def batch(self, busy: Callable[[], None]) -> list[float]:
+            k = len(self.graphs)
+            reps = self.replays + 1  # replay 0 absorbs the ranks' skew
+            evs = self._evs(reps * k + 1)
+            self._sleep(self.lead_us)
+            evs[0].record()
+            j = 1
+            late = False
+            for r in range(reps):
+                for g in self.graphs:
+                    g.replay()
+                    evs[j].record()
+                    j += 1
+                if r == 0:
+                    late = evs[0].query()
+            busy()
+            evs[-1].synchronize()
+            self.batch_gpu_us = cuda._us(evs[0], evs[-1])
+            if late:
+                self._late()
+            times = [cuda._us(evs[i], evs[i + 1]) for i in range(len(evs) - 1)]
+            out = []
+            for r in range(1, reps):
+                t_k = times[r * k]
+                if self.cold:
+                    t_f = times[r * k + 1]
+                    out.append((t_k - t_f) / self.n)
+                    self.flush_samples.append(t_f / self.n)
+                else:
+                    out.append(t_k / self.n)
+            return out
+
+    class CollectiveEagerTimer(cuda.EagerTimer):
+        """EagerTimer with rank 0's group size and batch size, and the first sample of a batch dropped."""
+
+        def __init__(self, *args: Any, agree: Agreement):
+            super().__init__(*args)
+            self.agree = agree
+
+        def prepare(self) -> None:
+            super().prepare()  # its launch counts depend on the number of input sets only
+            self.samples_per_batch = max(2, int(self.agree.value(self.samples_per_batch)))
+            if self.cold:
+                queued = self.samples_per_batch
+            else:
+                self.group = int(self.agree.value(self.group))
+                self.launches_per_sample = self.group
+                queued = self.group * self.samples_per_batch
+            self.lead_us = 1.5 * queued * self.host_us + 50.0
+
+        def batch(self, busy: Callable[[], None]) -> list[float]:
+            return super().batch(busy)[1:]
+
+    return CollectiveGraphTimer, CollectiveEagerTimer
+
+
+def _eager_per_launch(launchers: Sequence[Callable[[], Any]], index: int) -> float:
+    """Device time of one launch (us): a fixed number of launches (the same on every rank) queued behind
+    a GPU sleep long enough to hide the host's launch cost, as the eager timer does."""
+    from dskbench.measure import cuda
+
+    n = len(launchers)
+    count = math.ceil(PRE_CALIBRATION_LAUNCHES / n) * n
+    t0 = cuda.time.perf_counter()
+    for i in range(count):
+        launchers[i % n]()
+    host_us = (cuda.time.perf_counter() - t0) * 1e6
+    cuda.torch.cuda.synchronize()
+    start, end = cuda._events(2)
+    cuda.torch.cuda._sleep(int(min(2.0 * host_us + 50.0, cuda.MAX_SLEEP_US) * cuda.sleep_rate(index)))
+    start.record()
+    for i in range(count):
+        launchers[i % n]()
+    end.record()
+    end.synchronize()
+    return max(cuda._us(start, end) / count, 0.01)
+
+
+def measure_collective(
+    launchers: Sequence[Callable[[], Any]],
+    *,
+    agree: Agreement,
+    device: str = "cuda",
+    mode: str = "hot",
+    capturable: bool = True,
+    settings: MeasureSettings | None = None,
+    capture_context: Callable[[], Any] = contextlib.nullcontext,
+) -> Measurement:
+    """Time one collective on this rank; every rank of `agree` must call it with the same arguments.
+
+    Launchers, modes and the Measurement are those of `measure()`. `capture_context` wraps each graph
+    capture (e.g. a custom all-reduce's `capture()`, which registers the graph's buffers on exit)."""
+    settings = settings or MeasureSettings()
+    if mode not in ("hot", "cold"):
+        raise ValueError(f"mode must be hot or cold, got {mode!r}")
+    fns = list(launchers)
+    if not fns:
+        raise ValueError("measure_collective() needs at least one launcher")
+    n_sets = len(fns)
+    t_start = time.perf_counter()
+    if str(device).startswith("cpu"):
+        return _measure_cpu(fns, agree, settings, mode, t_start)
+    from dskbench.measure import cuda
+
+    torch = cuda.torch
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    graph_cls, eager_cls = _cuda_timer_classes()
+    with torch.cuda.device(index):
+        clocks_before = cuda.nvml.read_clocks(index)
+        flush_bytes = buf = None
+        if mode == "cold":
+            flush_bytes = settings.flush_bytes or 2 * cuda.l2_bytes(index)
+            buf = cuda.flush_buffer(index, flush_bytes)
+        for i in range(math.ceil(max(settings.warmup_launches, 1) / n_sets) * n_sets):
+            fns[i % n_sets]()
+        torch.cuda.synchronize()
+        cold = mode == "cold"
+        minimum = cuda.COLD_MIN_LAUNCHES if cold else 1
+        per_launch = _eager_per_launch(fns, index)
+        want = launches_for(
+            settings.replay_target_us, per_launch, n_sets, settings.max_graph_launches, minimum
+        )
+        n = int(agree.value(want))
+        base = (fns, mode, settings, index, buf)
+        reason = None
+        timer: Any = None
+        if capturable:
+            timer = graph_cls(*base, n=n, agree=agree, capture_context=capture_context)
+            try:
+                timer.prepare()
+            except CaptureFailed as e:
+                timer.close()
+                timer, reason = None, f"graph capture failed: {e}"
+        else:
+            reason = "capturable=False"
+        if timer is None:
+            timer = eager_cls(*base, agree=agree)
+            timer.prepare()
+        reads: list[dict[str, Any]] = []
+        last_read = [-math.inf]
+
+        def busy() -> None:
+            t = time.perf_counter()
+            if t - last_read[0] >= cuda.NVML_PERIOD_S:
+                last_read[0] = t
+                r = cuda.nvml.read_clocks(index)
+                if r is not None:
+                    reads.append(r)
+
+        gap = gap_for(settings, timer.method, mode)
+        raw: list[float] = []
+        try:
+            stopper = drive_collective(timer, settings, agree, busy, gap_us=gap, raw=raw)
+        finally:
+            timer.close()
+        torch.cuda.synchronize()
+        clocks_after = cuda.nvml.read_clocks(index)
+    throttled, reasons, during = cuda.nvml.judge(reads)
+    return assemble(
+        stopper,
+        method=timer.method,
+        mode=mode,
+        device=f"cuda:{index}",
+        n_sets=n_sets,
+        launches_per_sample=timer.launches_per_sample,
+        wall_s=time.perf_counter() - t_start,
+        flush_us=timer.flush_us,
+        flush_bytes=flush_bytes,
+        fallback_reason=reason,
+        clocks_before=clocks_before,
+        clocks_after=clocks_after,
+        clocks_during=during,
+        throttled=throttled,
+        throttle_reasons=reasons,
+        notes=[
+            *timer.notes,
+            "collective: launch counts agreed by all ranks; first replay of each batch dropped",
+        ],
+        launch_gap_us=gap,
+        raw_samples=raw,
+    )
+
+
+def _measure_cpu(
+    fns: list[Callable[[], Any]], agree: Agreement, settings: MeasureSettings, mode: str, t_start: float
+) -> Measurement:
+    for i in range(math.ceil(max(settings.warmup_launches, 1) / len(fns)) * len(fns)):
+        fns[i % len(fns)]()
+    timer = CpuCollectiveTimer(fns)
+    stopper = drive_collective(timer, settings, agree)
+    notes = ["cold requested: cpu-wall has no cache flush, timed hot"] if mode == "cold" else []
+    return assemble(
+        stopper,
+        method=timer.method,
+        mode="hot",
+        device="cpu",
+        n_sets=len(fns),
+        launches_per_sample=1,
+        wall_s=time.perf_counter() - t_start,
+        notes=notes,
+    )

@@ -1,0 +1,373 @@
+"""Several GPUs of one host: a sweep's items sharded over them, one worker process per GPU.
+
+Each GPU gets its own worker (the runner's worker protocol: BEGIN/RESULT/NEXT, a dead worker loses
+only its current case), started with CUDA_VISIBLE_DEVICES naming that GPU alone, driven by a thread of
+the parent. Records go through the runner's one thread-safe writer as they finish, each with the
+``gpu_index`` it ran on; the environment record lists every GPU (identity, the CUDA_VISIBLE_DEVICES
+token its worker saw, its own measured ceilings).
+
+How items are cut, and why:
+
+* The unit is a kernel: all cases and backends of one kernel run on one GPU, so every curve of the
+  report (a kernel's latency over the sweep) and every head-to-head of two backends at one point is
+  measured on one GPU, and a kernel's JIT build and autotuning happen in one process. A kernel that
+  alone costs more than a GPU's fair share (or a sweep of fewer kernels than GPUs) is cut into cases
+  instead, each case keeping all its backends together.
+* Units are placed longest first on the least-loaded GPU (LPT): deterministic (ties broken by name and
+  GPU index, whatever the plan's order), and no GPU ends more than one unit's cost above another.
+* Cost is a rough wall-time model: a fixed per-case overhead plus the sampling budget, plus the case's
+  minimum traffic in bytes at a setup rate (inputs, fp32 reference and check scale with it), plus a
+  per-unit start-up cost. Cases the GPU will skip (an sm100 kernel on an H200) cost almost nothing.
+  Only relative sizes matter for balance.
+
+GPUs of different models are refused: results carry one device name per run (report, compare and
+pick group by it), so a run must not hold two kinds of GPU. Two GPUs of one model are one machine for
+those tools, as two hosts of one model already are; each case is measured wholly on one GPU, and the
+index says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dskbench.backends import DeviceInfo
+from dskbench.runner import (
+    Recorder,
+    SweepOptions,
+    SweepSummary,
+    WorkItem,
+    _one_worker,
+    measure_settings,
+    multi_gpu_reason,
+    write_plan,
+)
+from dskbench.shapes import Case
+
+# Set in every process a sharded sweep or comm_bench starts: NVLink multicast (NVLS, symmetric-memory
+# multicast) can put GPUs shared with other tenants out of service; nothing here may create it.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+CASE_OVERHEAD_S = 0.5  # inputs, reference, check, graph capture, per case
+UNIT_OVERHEAD_S = 3.0  # a kernel's first use in a process: imports, JIT build, autotuning
+SETUP_BYTES_PER_S = 5e9  # input generation + fp32 reference + check, per byte of minimum traffic
+SKIP_COST_S = 0.01  # a case the GPU will skip (wrong architecture, needs several GPUs, ...)
+PROBE_PREFIX = "PROBE "
+
+
+class ShardError(ValueError):
+    """A --gpus request this host cannot serve."""
+
+
+# -- which GPUs ------------------------------------------------------------------------------------------
+
+
+def parse_gpus(spec: str, available: int) -> int:
+    """`--gpus all` or `--gpus N` as a GPU count, checked against the GPUs visible here."""
+    if available < 1:
+        raise ShardError("--gpus: no CUDA GPU is visible to torch")
+    if spec.strip().lower() == "all":
+        return available
+    try:
+        n = int(spec)
+    except ValueError:
+        raise ShardError(f"--gpus: expected 'all' or a number, got {spec!r}") from None
+    if not 1 <= n <= available:
+        raise ShardError(f"--gpus {n}: this host shows {available} GPU(s)")
+    return n
+
+
+def visible_gpus(n: int, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES value of each of the first n GPUs this process sees: the parent's own
+    list when it has one (indices, UUIDs or MIG ids pass through), else 0..n-1."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None or not raw.strip():
+        return [str(i) for i in range(n)]
+    tokens = [t.strip() for t in raw.split(",") if t.strip()]
+    if len(tokens) < n:
+        raise ShardError(f"--gpus {n}: CUDA_VISIBLE_DEVICES={raw!r} names {len(tokens)}")
+    return tokens[:n]
+
+
+def worker_env(token: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of one GPU's processes: that GPU alone, and no NVLink multicast."""
+    env = dict(os.environ if base is None else base)
+    env.update(NO_MULTICAST_ENV)
+    env["CUDA_VISIBLE_DEVICES"] = token
+    return env
+
+
+# -- cost and assignment ---------------------------------------------------------------------------------
+
+
+def item_cost(item: WorkItem, device: DeviceInfo, budget_s: float) -> float:
+    """Estimated wall seconds of one item on one GPU (see the module docstring)."""
+    from dskbench.adapters import get_adapter
+
+    adapter = get_adapter(item.kernel)
+    backend = {b.name: b for b in adapter.all_backends()}.get(item.backend) if adapter else None
+    if adapter is None or backend is None:
+        return SKIP_COST_S
+    case = Case.from_json(item.case)
+    try:
+        skipped = (
+            backend.requires.reason_unmet(device)
+            or multi_gpu_reason(adapter.gpus_needed(case), device)
+            or adapter.skip_reason(case)
+            or (backend.skip(case) if backend.skip else None)
+        )
+        nbytes = adapter.traffic_for(item.backend, case).bytes
+    except Exception:  # noqa: BLE001 - an estimate; the worker reports the real failure
+        skipped, nbytes = None, 0
+    if skipped:
+        return SKIP_COST_S
+    return CASE_OVERHEAD_S + budget_s + nbytes / SETUP_BYTES_PER_S
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Items that must share a GPU: a kernel, or one case of it (all its backends)."""
+
+    key: str
+    items: tuple[WorkItem, ...]
+    cost: float
+
+
+def make_units(items: Sequence[WorkItem], cost: Callable[[WorkItem], float], n: int) -> list[Unit]:
+    """One unit per kernel; a kernel above a GPU's fair share (total / n) becomes one unit per case."""
+    items = sorted(items, key=lambda it: it.index)  # sums in one order: the same plan, the same floats
+    costs = {it.index: round(float(cost(it)), 6) for it in items}
+    by_kernel: dict[str, list[WorkItem]] = {}
+    for it in items:
+        by_kernel.setdefault(it.kernel, []).append(it)
+    kernel_cost = {k: UNIT_OVERHEAD_S + sum(costs[i.index] for i in its) for k, its in by_kernel.items()}
+    share = sum(kernel_cost.values()) / max(n, 1)
+    units: list[Unit] = []
+    for k, its in by_kernel.items():
+        if kernel_cost[k] <= share or n == 1:
+            units.append(Unit(k, tuple(its), kernel_cost[k]))
+            continue
+        by_case: dict[str, list[WorkItem]] = {}
+        for it in its:
+            by_case.setdefault(it.case_id, []).append(it)
+        for cid, cits in by_case.items():
+            units.append(Unit(f"{k}|{cid}", tuple(cits), UNIT_OVERHEAD_S + sum(costs[i.index] for i in cits)))
+    return units
+
+
+def assign(units: Sequence[Unit], n: int) -> list[list[Unit]]:
+    """Longest unit first onto the least-loaded GPU (ties: lower index); the order of `units` does not
+    matter, so the same plan always lands the same way."""
+    loads = [0.0] * n
+    out: list[list[Unit]] = [[] for _ in range(n)]
+    for u in sorted(units, key=lambda u: (-u.cost, u.key)):
+        g = min(range(n), key=lambda i: (loads[i], i))
+        out[g].append(u)
+        loads[g] += u.cost
+    return out
+
+
+def shard_items(
+    items: Sequence[WorkItem], n: int, cost: Callable[[WorkItem], float]
+) -> tuple[list[list[WorkItem]], list[float]]:
+    """Items of each GPU, in plan order, and each GPU's estimated seconds."""
+    shards = assign(make_units(items, cost, n), n)
+    per_gpu = [sorted((it for u in us for it in u.items), key=lambda it: it.index) for us in shards]
+    return per_gpu, [round(sum(u.cost for u in us), 3) for us in shards]
+
+
+def print_shards(items: Sequence[WorkItem], opts: SweepOptions) -> list[list[WorkItem]]:
+    """The cut a sharded sweep would make (for --dry-run): each GPU's kernels, cases and estimate."""
+    host = DeviceInfo.detect("cuda")
+    budget = measure_settings(opts).max_time_s
+    shards, loads = shard_items(items, opts.gpus, lambda it: item_cost(it, host, budget))
+    for g, (s, load) in enumerate(zip(shards, loads, strict=True)):
+        kernels = sorted({it.kernel for it in s})
+        print(f"GPU {g}: {len(s)} cases, ~{load:.0f} s estimated: {', '.join(kernels)}")
+    return shards
+
+
+# -- probing each GPU ------------------------------------------------------------------------------------
+
+
+def probe(kind: str, want_ceilings: bool) -> dict[str, Any]:
+    """What one GPU's process sees: its identity, and its ceilings (measured there, for its metrics)."""
+    from dskbench.environment import device_block
+
+    device = DeviceInfo.detect(kind)
+    if kind == "cuda" and device.kind != "cuda":
+        raise ShardError(
+            f"no CUDA GPU visible with CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}"
+        )
+    ceilings = None
+    if device.kind == "cuda" and want_ceilings:
+        from dskbench.measure import measure_ceilings
+
+        ceilings = measure_ceilings("cuda")
+    return {
+        "device": device_block(device),
+        "ceilings": ceilings,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def probe_gpus(tokens: Sequence[str], kind: str, want_ceilings: bool) -> list[dict[str, Any]]:
+    """Probe every GPU at once, each in a process that sees it alone (the parent touches none)."""
+
+    def one(token: str) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "dskbench.shard", "probe", kind, "1" if want_ceilings else "0"]
+        done = subprocess.run(cmd, env=worker_env(token), capture_output=True, text=True, timeout=900)
+        for line in reversed(done.stdout.splitlines()):
+            if line.startswith(PROBE_PREFIX):
+                return json.loads(line[len(PROBE_PREFIX) :])
+        tail = (done.stderr or done.stdout)[-1500:].strip()
+        raise ShardError(f"probing GPU {token} failed (exit code {done.returncode}): {tail}")
+
+    with ThreadPoolExecutor(max_workers=max(1, len(tokens))) as pool:
+        return list(pool.map(one, tokens))
+
+
+def check_same_model(probes: Sequence[dict[str, Any]], tokens: Sequence[str]) -> None:
+    """Refuse GPUs of different models (name, architecture, memory): one run holds one device name."""
+    ident = [tuple(p["device"].get(k) for k in ("name", "sm", "memory_gib")) for p in probes]
+    if len(set(ident)) > 1:
+        seen = ", ".join(f"{t}: {i[0]} sm{i[1]} {i[2]} GiB" for t, i in zip(tokens, ident, strict=True))
+        raise ShardError(f"the GPUs differ ({seen}); pick GPUs of one model with CUDA_VISIBLE_DEVICES")
+
+
+# -- the sharded sweep -----------------------------------------------------------------------------------
+
+
+def run_sharded(
+    items: list[WorkItem],
+    skips: list[dict[str, Any]],
+    opts: SweepOptions,
+    out: Path,
+    progress: Any = None,
+) -> SweepSummary:
+    """run_sweep over opts.gpus GPUs: one writer, one worker per GPU at a time, records as they finish."""
+    from dskbench.environment import environment, new_run_id
+    from dskbench.results import ResultsWriter, environment_record
+
+    t0 = time.monotonic()
+    n = opts.gpus
+    host = DeviceInfo.detect("cuda")
+    parse_gpus(str(n), host.count)
+    tokens = visible_gpus(n)
+    probes = probe_gpus(tokens, opts.device, opts.measure_ceilings and opts.device == "cuda" and bool(items))
+    check_same_model(probes, tokens)
+    gate = host if opts.device == "cuda" else DeviceInfo("cpu")
+    budget = measure_settings(opts).max_time_s
+    shards, loads = shard_items(items, n, lambda it: item_cost(it, gate, budget))
+    run_id = new_run_id()
+    run_seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
+    env = environment(DeviceInfo("cpu"))  # host, versions, git; the parent opens no CUDA context
+    env["device"] = {**probes[0]["device"], "count": n}
+    env["gpus"] = [
+        {
+            "index": g,
+            **p["device"],
+            "cuda_visible_devices": p["cuda_visible_devices"],
+            "ceilings": p["ceilings"],
+        }
+        for g, p in enumerate(probes)
+    ]
+    worker_opts = dataclasses.replace(opts, gpus=1, host_gpus=host.count)
+    settings = {
+        **dataclasses.asdict(opts),
+        "run_seed": run_seed,
+        "items": len(items),
+        "shards": [len(s) for s in shards],
+        "shard_estimate_s": loads,
+    }
+    with ResultsWriter(out) as w, tempfile.TemporaryDirectory(prefix="dskbench-shard-") as tmp:
+        w.write(
+            environment_record(
+                run_id, **env, ceilings=probes[0]["ceilings"], settings=settings, command=sys.argv
+            )
+        )
+        record = Recorder(w, run_id, progress)
+        for s in skips:
+            record.skip(s)
+        stop = threading.Event()
+        live: set = set()
+
+        def drive(g: int) -> None:
+            shard = shards[g]
+            local = [dataclasses.replace(it, index=j) for j, it in enumerate(shard)]
+            plan = write_plan(
+                Path(tmp) / f"plan-gpu{g}.json", local, worker_opts, run_seed, probes[g]["ceilings"]
+            )
+            env_g = worker_env(tokens[g])
+
+            def rec(item: WorkItem, fields: dict[str, Any]) -> None:
+                record(shard[item.index], fields, gpu_index=g)
+
+            start = 0
+            while start < len(local) and not stop.is_set():
+                start = _one_worker(plan, local, start, rec, env=env_g, live=live)
+
+        _run_threads(drive, n, stop, live, record)
+        record.closed = True
+    return SweepSummary(out, record.counts, time.monotonic() - t0, len(items) + len(skips))
+
+
+def _run_threads(drive: Callable[[int], None], n: int, stop: threading.Event, live: set, record) -> None:
+    """drive(g) for every GPU in parallel threads; on an interrupt stop the workers and start no more."""
+    errors: list[BaseException] = []
+
+    def body(g: int) -> None:
+        try:
+            drive(g)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the parent thread
+            errors.append(e)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=body, args=(g,), name=f"dskbench-gpu{g}", daemon=True) for g in range(n)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except BaseException:
+        stop.set()
+        record.closed = True  # the stopped workers' "died" records would be false
+        for p in list(live):
+            p.terminate()
+        for t in threads:
+            t.join(10)
+        raise
+    if errors:
+        raise errors[0]
+
+
+def main(argv: list[str]) -> int:
+    """`python -m dskbench.shard probe KIND WANT_CEILINGS`: one GPU's identity as a PROBE line."""
+    if len(argv) != 3 or argv[0] != "probe":
+        print("usage: python -m dskbench.shard probe cuda|cpu 0|1", file=sys.stderr)
+        return 2
+    print(PROBE_PREFIX + json.dumps(probe(argv[1], argv[2] == "1"), default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,230 @@
+"""Sharding a sweep over the GPUs of one host (dskbench/shard.py), on the CPU: the cut (balance,
+determinism), and a whole sharded sweep in which DeviceInfo claims three GPUs and the fake CPU kernels
+run one worker process per "GPU", each started with its own CUDA_VISIBLE_DEVICES."""
+
+from __future__ import annotations
+
+import os
+import random
+from types import SimpleNamespace
+
+import pytest
+
+EXTRA = "tests.fake_adapters,tests.fake_shard_adapters"
+os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+
+import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
+import tests.fake_shard_adapters  # noqa: E402,F401
+from dskbench import cli, shard  # noqa: E402
+from dskbench.backends import DeviceInfo  # noqa: E402
+from dskbench.results import read_runs  # noqa: E402
+from dskbench.runner import SweepOptions, WorkItem, plan_sweep, run_sweep  # noqa: E402
+from dskbench.shapes import default_shapes  # noqa: E402
+
+DECODE_T = default_shapes().values("decode_tokens", "cpu")
+N = len(DECODE_T)
+
+
+def _item(index: int, kernel: str, t: int, backend: str = "a") -> WorkItem:
+    case = {
+        "kernel": kernel,
+        "op": "input_layernorm",
+        "variant": None,
+        "phase": "decode",
+        "point": {"T": t},
+        "dims": {"T": t, "D": 7168},
+    }
+    return WorkItem(index, kernel, backend, case, "test")
+
+
+def _plan(spec: dict[str, int]) -> list[WorkItem]:
+    """spec: kernel -> number of cases; two backends per case."""
+    items: list[WorkItem] = []
+    for kernel, n_cases in spec.items():
+        for t in range(1, n_cases + 1):
+            for b in ("a", "b"):
+                items.append(_item(len(items), kernel, 2**t, b))
+    return items
+
+
+def _cost(it: WorkItem) -> float:
+    return 0.5 + it.case["point"]["T"] / 64 + (0.3 if it.backend == "a" else 0.0)
+
+
+def _where(shards: list[list[WorkItem]]) -> dict[int, int]:
+    return {it.index: g for g, s in enumerate(shards) for it in s}
+
+
+def test_every_item_once_in_plan_order_and_balanced():
+    items = _plan({f"k{i}": 1 + (i * 7) % 5 for i in range(11)})
+    shards, loads = shard.shard_items(items, 3, _cost)
+    assert sorted(it.index for s in shards for it in s) == [it.index for it in items]
+    for s in shards:
+        assert [it.index for it in s] == sorted(it.index for it in s)  # a kernel's cases stay in order
+    units = shard.make_units(items, _cost, 3)
+    assert max(loads) - min(loads) <= max(u.cost for u in units) + 1e-9  # the LPT bound
+    assert sum(loads) == pytest.approx(sum(u.cost for u in units), abs=1e-2)
+    # no kernel here is over a third of the work: each runs wholly on one GPU, backends and all
+    where = _where(shards)
+    for k in {it.kernel for it in items}:
+        assert len({where[it.index] for it in items if it.kernel == k}) == 1, k
+
+
+def test_the_cut_is_deterministic_whatever_the_plan_order():
+    items = _plan({f"k{i}": 1 + (i * 3) % 4 for i in range(9)})
+    first = _where(shard.shard_items(items, 4, _cost)[0])
+    shuffled = items[:]
+    random.Random(7).shuffle(shuffled)
+    assert _where(shard.shard_items(shuffled, 4, _cost)[0]) == first
+    assert _where(shard.shard_items(items, 4, _cost)[0]) == first
+
+
+def test_a_kernel_over_its_share_is_cut_by_case_keeping_backends_together():
+    items = _plan({"big": 12, "s1": 1, "s2": 1})  # fewer kernels than GPUs would leave GPUs idle
+    shards, loads = shard.shard_items(items, 4, _cost)
+    where = _where(shards)
+    big = [it for it in items if it.kernel == "big"]
+    assert len({where[it.index] for it in big}) >= 3  # spread over the GPUs
+    for t in {it.case["point"]["T"] for it in big}:  # both backends of a case on one GPU
+        assert len({where[it.index] for it in big if it.case["point"]["T"] == t}) == 1
+    assert all(load > 0 for load in loads)
+
+
+def test_gpus_requests_and_worker_environment():
+    assert shard.parse_gpus("all", 8) == 8 and shard.parse_gpus("2", 8) == 2
+    for bad, match in (("9", "shows 8"), ("0", "shows 8"), ("x", "'all' or a number")):
+        with pytest.raises(shard.ShardError, match=match):
+            shard.parse_gpus(bad, 8)
+    with pytest.raises(shard.ShardError, match="no CUDA GPU"):
+        shard.parse_gpus("all", 0)
+    assert shard.visible_gpus(3, {}) == ["0", "1", "2"]
+    assert shard.visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "4, GPU-ab12,6"}) == ["4", "GPU-ab12"]
+    with pytest.raises(shard.ShardError, match="names 1"):
+        shard.visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "3"})
+    env = shard.worker_env("5", {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "5" and env["PATH"] == "/bin"
+    assert {k: env[k] for k in shard.NO_MULTICAST_ENV} == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+
+
+def test_cost_model_skips_cost_nothing():
+    h200 = DeviceInfo("cuda", "NVIDIA H200", 90, 8)
+    t16 = _item(0, "fake_ok", 16)
+    run = shard.item_cost(WorkItem(0, "fake_ok", "fake", t16.case), h200, 1.5)
+    assert run >= shard.CASE_OVERHEAD_S + 1.5
+    assert shard.item_cost(WorkItem(1, "fake_ok", "b200", t16.case), h200, 1.5) == shard.SKIP_COST_S
+    assert shard.item_cost(WorkItem(2, "no_such_kernel", "x", t16.case), h200, 1.5) == shard.SKIP_COST_S
+    t512 = _item(3, "fake_ok", 512).case
+    assert shard.item_cost(WorkItem(3, "fake_ok", "fake", t512), h200, 1.5) > run  # more bytes, more time
+
+
+def test_gpus_of_different_models_are_refused():
+    same = [{"device": {"name": "NVIDIA H200", "sm": 90, "memory_gib": 139.8}}] * 2
+    shard.check_same_model(same, ["0", "1"])
+    mixed = [*same[:1], {"device": {"name": "NVIDIA H100 80GB HBM3", "sm": 90, "memory_gib": 79.1}}]
+    with pytest.raises(shard.ShardError, match="the GPUs differ"):
+        shard.check_same_model(mixed, ["0", "1"])
+
+
+def test_cli_gpus_needs_gpus(capsys):
+    assert cli.main(["run", "--device", "cpu", "--gpus", "2"]) == cli.EXIT_USAGE
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert cli.main(["run", "--device", "cpu", "--gpus", "2", "--no-isolate"]) == cli.EXIT_USAGE
+    assert "cannot be --no-isolate" in capsys.readouterr().err
+
+
+def _entry(name: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        name=name,
+        status="benchmark",
+        status_reason="",
+        op_names=["input_layernorm"],
+        aliases=(),
+        category="test",
+    )
+
+
+def test_sharded_sweep_runs_each_case_once_on_its_gpu(tmp_path, monkeypatch):
+    kernels = ["fake_ok", "fake_wrong", "fake_crash", "fake_env"]
+    registry = {k: _entry(k) for k in kernels}
+    real = DeviceInfo.detect.__func__
+
+    def detect(cls, want: str = "cuda") -> DeviceInfo:
+        return DeviceInfo("cuda", "Fake GPU", 90, 3) if want == "cuda" else real(cls, want)
+
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(detect))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7")
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    opts = SweepOptions(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=3
+    )
+    items, skips = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
+    assert len(items) == 4 * N
+    out = tmp_path / "r.jsonl"
+    seen: list[int] = []
+    summary = run_sweep(
+        items, skips, opts, out, progress=lambda item, status, fields: seen.append(item.index)
+    )
+
+    (run,) = read_runs([out])
+    recs = run.results
+    assert sorted(r["index"] for r in recs) == list(range(len(items))) == sorted(seen)  # each case once
+    env = run.environment
+    assert env["device"]["count"] == 3
+    assert [g["cuda_visible_devices"] for g in env["gpus"]] == ["5", "6", "7"]  # what each probe saw
+    assert [g["index"] for g in env["gpus"]] == [0, 1, 2]
+    assert sum(env["settings"]["shards"]) == len(items)
+    gpu = {k: {r["gpu_index"] for r in recs if r["kernel"] == k} for k in kernels}
+    assert all(len(gpu[k]) == 1 for k in kernels)  # a kernel wholly on one GPU
+    assert {g for k in kernels for g in gpu[k]} == {0, 1, 2}  # four kernels, three GPUs: all used
+    assert [k for k in kernels if k != "fake_crash" and gpu[k] == gpu["fake_crash"]]  # it shared its GPU
+    for r in recs:
+        k, g = r["kernel"], r["gpu_index"]
+        if k == "fake_env":  # the worker saw its GPU alone, and no multicast
+            assert r["status"] == "ok"
+            assert r["check"]["detail"] == (
+                f"CUDA_VISIBLE_DEVICES={env['gpus'][g]['cuda_visible_devices']} "
+                "NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"
+            )
+        elif k == "fake_crash":  # a dead worker loses its case only
+            assert r["status"] == "error" and "worker process died (exit code 77)" in r["reason"]
+        else:
+            assert r["status"] == {"fake_ok": "ok", "fake_wrong": "wrong"}[k]
+    assert summary.counts["ok"] == 2 * N and summary.counts["wrong"] == N and summary.counts["error"] == N
+
+
+def test_a_failing_shard_stops_the_others_and_raises():
+    import threading
+
+    stop, started = threading.Event(), []
+
+    def drive(g: int) -> None:
+        started.append(g)
+        if g == 1:
+            raise ValueError("shard 1 broke")
+        assert stop.wait(5), "the other shards were not told to stop"
+
+    record = SimpleNamespace(closed=False)
+    with pytest.raises(ValueError, match="shard 1 broke"):
+        shard._run_threads(drive, 3, stop, set(), record)
+    assert sorted(started) == [0, 1, 2] and stop.is_set()
+
+
+def test_dry_run_prints_the_cut(monkeypatch, capsys):
+    registry = {k: _entry(k) for k in ("fake_ok", "fake_wrong", "fake_raise")}
+    monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (registry, default_shapes()))
+    monkeypatch.setattr(
+        DeviceInfo, "detect", classmethod(lambda cls, want="cuda": DeviceInfo("cuda", "G", 90, 2))
+    )
+    args = ["run", "--device", "cuda", "--gpus", "all", "--dry-run", "--backend", "fake"]
+    assert cli.main([*args, "--kernel", "fake_ok", "--kernel", "fake_wrong", "--kernel", "fake_raise"]) == 0
+    gpu_lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("GPU ")]
+    assert len(gpu_lines) == 2 and all(" cases, ~" in ln for ln in gpu_lines)
+    assert sorted(k for ln in gpu_lines for k in ln.split(": ", 2)[2].split(", ")) == [
+        "fake_ok",
+        "fake_raise",
+        "fake_wrong",
+    ]
