@@ -4,7 +4,7 @@
 #   2. asv: `asv run` of a decode subset in the existing environment, and the same cases through
 #      `dskbench run`, each timed (wall clock) for the overhead comparison
 #   3. the full quick sweep, resumed into results/h200-sweep-quick.jsonl, until SWEEP_SECONDS run out
-# Usage: COMMIT=<hash> SWEEP_SECONDS=300 bash scripts/device_evidence.sh
+# Usage: [COMMIT=<hash>] SWEEP_SECONDS=300 bash scripts/device_evidence.sh   (COMMIT defaults to HEAD)
 set -uo pipefail
 out="${OUT:-out}"
 mkdir -p "$out"
@@ -15,9 +15,15 @@ for i in 1 2; do
     tail -1 "$out/r2r-$i.log"
 done
 machine="$(python3 -m dskbench.asv_machine)"
+# asv needs the commit in the checkout's own git; on 2026-11-21 the device's copy lacked the one passed in
+# COMMIT, so fall back to whatever HEAD the device copy has (and say so).
+if ! git cat-file -e "${COMMIT:-HEAD}^{commit}" 2>/dev/null; then
+    echo "device_evidence: commit ${COMMIT:-?} not in this checkout; using $(git rev-parse HEAD)" | tee -a "$out/asv-run.log"
+    COMMIT="$(git rev-parse HEAD)"
+fi
 export DSKBENCH_ASV_SWEEP=decode DSKBENCH_ASV_KERNELS=rmsnorm,silu_and_mul DSKBENCH_ASV_QUICK=1
 t0=$(date +%s.%N)
-ASV_PYTHONPATH="$PYTHONPATH" asv run --machine "$machine" -E existing:python3 --set-commit-hash "$COMMIT" \
+ASV_PYTHONPATH="$PYTHONPATH" asv run --machine "$machine" -E existing:python3 --set-commit-hash "${COMMIT:-$(git rev-parse HEAD)}" \
     --show-stderr >"$out/asv-run.log" 2>&1
 echo "asv rc=$? wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")" | tee -a "$out/asv-run.log"
 t0=$(date +%s.%N)
