@@ -3,7 +3,7 @@
 #   1. run-to-run: the same decode subset measured twice back to back (results/ r2r-*.jsonl)
 #   2. asv: `asv run` of a decode subset in the existing environment, and the same cases through
 #      `dskbench run`, each timed (wall clock) for the overhead comparison
-#   3. the full quick sweep, resumed into results/h200-sweep-quick.jsonl, until SWEEP_SECONDS run out
+#   3. the full quick sweep, resumed from SWEEP_FILE into $OUT/sweep-quick.jsonl, until SWEEP_SECONDS run out
 # Usage: [COMMIT=<hash>] SWEEP_SECONDS=300 bash scripts/device_evidence.sh   (COMMIT defaults to HEAD)
 set -uo pipefail
 out="${OUT:-out}"
@@ -30,7 +30,10 @@ t0=$(date +%s.%N)
 python3 -m dskbench run --quick --sweep decode --kernel rmsnorm --kernel silu_and_mul --out "$out/same-as-asv.jsonl" 2>/dev/null
 echo "dskbench run (same cases) wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")" | tee -a "$out/asv-run.log"
 tar -czf "$out/asv-results.tar.gz" results/asv results/asv-jsonl 2>/dev/null
+# The sweep writes straight into $OUT (what is under $OUT comes back even when the call is cut off);
+# it resumes from the committed file, copied there first.
+sweep="${SWEEP_FILE:-results/h200-2026-11-21/sweep-quick.jsonl}"
+cp "$sweep" "$out/sweep-quick.jsonl" 2>/dev/null
 timeout "${SWEEP_SECONDS:-300}" python3 -m dskbench run --quick --budget 0.25 --resume \
-    --out results/h200-sweep-quick.jsonl 2>"$out/sweep.log"
+    --out "$out/sweep-quick.jsonl" 2>"$out/sweep.log"
 echo "sweep rc=$?"; tail -1 "$out/sweep.log"
-cp results/h200-sweep-quick.jsonl "$out/"
