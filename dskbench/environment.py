@@ -35,8 +35,11 @@ def new_run_id() -> str:
 def git_state() -> dict[str, Any]:
     def git(*args: str) -> str | None:
         try:
+            # safe.directory: a checkout copied to another machine belongs to another user, and git then
+            # refuses it ("dubious ownership"); the commit of what runs is still what we want to record.
+            cmd = ["git", "-c", f"safe.directory={paths.REPO_ROOT}", *args]
             out = subprocess.run(
-                ["git", *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+                cmd, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
             )
         except (OSError, subprocess.SubprocessError):
             return None
@@ -44,7 +47,11 @@ def git_state() -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    state = {"commit": commit, "dirty": bool(status) if status is not None else None}
+    if commit is None and os.environ.get("DSKBENCH_GIT_COMMIT"):
+        # no usable git where this runs (a copied tree): the launcher says which commit it copied
+        state.update(commit=os.environ["DSKBENCH_GIT_COMMIT"], source="DSKBENCH_GIT_COMMIT")
+    return state
 
 
 def versions() -> dict[str, str | None]:

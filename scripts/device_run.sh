@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 source .gpu-bundle/install.sh || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# the commit of the copied tree, for the results' environment record (set DSKBENCH_GIT_COMMIT when calling)
+export DSKBENCH_GIT_COMMIT="${DSKBENCH_GIT_COMMIT:-}"
 export TRITON_CACHE_DIR="$HOME/.triton/cache"
 # the archive travels in parts of at most 15 MiB (the device tool returns files of at most 16 MiB)
 if ls .jitcache/jitcache.tar.gz.part-* >/dev/null 2>&1; then

@@ -92,3 +92,15 @@ def test_ok_without_a_median_reads_as_an_error(tmp_path):
     p.write_text(json.dumps(environment_record("r1", **ENV)) + "\n" + json.dumps(bad) + "\n")
     (run,) = read_runs([p])
     assert run.results[0]["status"] == "error" and "no timing samples" in run.results[0]["reason"]
+
+
+def test_git_state_records_the_commit_and_a_launcher_given_one(monkeypatch):
+    from unittest import mock
+
+    import dskbench.environment as env
+
+    state = env.git_state()
+    assert state["commit"] and len(state["commit"]) == 40  # this checkout's HEAD
+    monkeypatch.setenv("DSKBENCH_GIT_COMMIT", "0123abc")
+    with mock.patch.object(env.subprocess, "run", side_effect=OSError("no git here")):
+        assert env.git_state() == {"commit": "0123abc", "dirty": None, "source": "DSKBENCH_GIT_COMMIT"}
