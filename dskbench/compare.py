@@ -35,7 +35,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from dskbench.results import ResultsError, Run, read_runs
+from dskbench.results import ResultsError, Run, is_results_file, read_runs
 
 MIN_SAMPLES = 8  # both sides need this many raw samples before the rank test is used
 P_THRESHOLD = 0.001
@@ -450,7 +450,7 @@ def load_stats(specs: Iterable[str | Path]) -> dict[Key, Stat]:
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         chosen: list[tuple[Path, dict[str, Any]]] = []
         for f in files:
-            if f.suffix == ".jsonl":
+            if is_results_file(f):
                 if not rev:
                     ours.append(f)
                 continue

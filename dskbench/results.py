@@ -7,6 +7,7 @@ everything it finished. docs/results-schema.md describes every field.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -38,6 +39,10 @@ class ResultsWriter:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        if self.path.name.endswith(".gz"):
+            raise ResultsError(
+                f"{self.path}: results are written as plain JSON lines (gzip the file afterwards)"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a", encoding="utf-8")
 
@@ -99,14 +104,23 @@ def validate_record(rec: dict[str, Any]) -> None:
             raise ResultsError("an ok result needs its timing")
 
 
+def is_results_file(path: Path) -> bool:
+    """Results files are JSON lines, plain (being written) or gzipped (committed: a full sweep's
+    records run to megabytes, and the repository travels to the GPU box on every call)."""
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
+
+
 def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
     p = Path(path)
     try:
-        fh = p.open(encoding="utf-8")
-    except OSError as e:
-        raise ResultsError(f"cannot read {p}: {e.strerror}") from None
-    with fh:
-        lines = fh.readlines()
+        if p.name.endswith(".gz"):
+            with gzip.open(p, "rt", encoding="utf-8") as fh:
+                lines = fh.readlines()
+        else:
+            with p.open(encoding="utf-8") as fh:
+                lines = fh.readlines()
+    except (OSError, EOFError) as e:
+        raise ResultsError(f"cannot read {p}: {getattr(e, 'strerror', None) or e}") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

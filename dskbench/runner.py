@@ -454,6 +454,7 @@ class Recorder:
         with self._lock:
             if self.closed:
                 return
+            fields.setdefault("finished", round(time.time(), 3))  # unix seconds: sweep rate, wall per GPU
             self.writer.write(result_record(self.run_id, status, index=item.index, **fields))
             self.counts[status] += 1
             if self.progress:
@@ -482,7 +483,9 @@ def run_sweep(
     if device.kind == "cuda" and opts.measure_ceilings and items:
         from dskbench.measure import measure_ceilings
 
+        t_ceil = time.monotonic()
         ceilings = measure_ceilings("cuda")
+        ceilings["measured_in_s"] = round(time.monotonic() - t_ceil, 2)  # start-up cost, reported
     with ResultsWriter(out) as w:
         w.write(
             environment_record(
@@ -510,8 +513,9 @@ def run_one(
 ) -> dict[str, Any]:
     """execute_item with every failure turned into an error record (the sweep goes on)."""
     base = item.identity()
+    t0 = time.perf_counter()
     try:
-        return execute_item(item, device, opts, run_seed, ceilings)
+        fields = execute_item(item, device, opts, run_seed, ceilings)
     except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
         msg = f"{type(e).__name__}: {e}".strip()
         if "OutOfMemory" in type(e).__name__ or "out of memory" in msg.lower():
@@ -519,18 +523,36 @@ def run_one(
         fields = {**base, "status": "error", "reason": msg[:2000]}
         if is_poisoning(msg):
             fields["poisoned"] = True
+        _free(device, force=True)
         return fields
-    finally:
-        _free(device)
+    _free(device, force=fields.get("status") in ("error", "wrong"))
+    if isinstance(fields.get("stages"), dict):  # the whole item, set-up and clean-up included
+        fields["stages"]["item_s"] = round(time.perf_counter() - t0, 4)
+    return fields
 
 
-def _free(device: DeviceInfo) -> None:
+_FREE_EVERY = 32  # items between full clean-ups when nothing forces one
+
+
+def _free(device: DeviceInfo, force: bool = False) -> None:
+    """Return what a case left behind. A full gc.collect + empty_cache costs tens of milliseconds a
+    case (a few minutes over a full sweep), so it runs after failures, every _FREE_EVERY items, or when
+    the caching allocator holds over a third of the GPU; the allocator reuses the rest."""
     import gc
 
-    gc.collect()
+    _free.count = getattr(_free, "count", 0) + 1
+    cuda = False
     if device.kind == "cuda":
         import torch
 
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # nothing to free otherwise
+    if cuda and not force:
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        force = torch.cuda.memory_reserved() > total / 3
+    if not force and _free.count % _FREE_EVERY:
+        return
+    gc.collect()
+    if cuda:
         torch.cuda.empty_cache()
 
 

@@ -68,6 +68,12 @@ UNIT_OVERHEAD_S = 3.0  # a kernel's first use in a process: imports, JIT build, 
 SETUP_BYTES_PER_S = 5e9  # input generation + fp32 reference + check, per byte of minimum traffic
 SKIP_COST_S = 0.01  # a case the GPU will skip (wrong architecture, needs several GPUs, ...)
 PROBE_PREFIX = "PROBE "
+PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU
+# A GPU's worker that gives no result for this long is killed (its case recorded as timed out, the
+# next worker resumes after it): a hung kernel or collective must not idle the GPU for the rest of the
+# sweep. Worker start-up and first-use JIT builds count (the slowest seen: Marlin, 219 s on an H200).
+CASE_TIMEOUT_S = 480.0
+CASE_TIMEOUT_ENV = "DSKBENCH_CASE_TIMEOUT_S"  # seconds; 0 disables
 
 
 class ShardError(ValueError):
@@ -219,7 +225,9 @@ def probe(kind: str, want_ceilings: bool) -> dict[str, Any]:
     if device.kind == "cuda" and want_ceilings:
         from dskbench.measure import measure_ceilings
 
+        t0 = time.monotonic()
         ceilings = measure_ceilings("cuda")
+        ceilings["measured_in_s"] = round(time.monotonic() - t0, 2)  # start-up cost, reported
     return {
         "device": device_block(device),
         "ceilings": ceilings,
@@ -232,7 +240,12 @@ def probe_gpus(tokens: Sequence[str], kind: str, want_ceilings: bool) -> list[di
 
     def one(token: str) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "dskbench.shard", "probe", kind, "1" if want_ceilings else "0"]
-        done = subprocess.run(cmd, env=worker_env(token), capture_output=True, text=True, timeout=900)
+        try:
+            done = subprocess.run(
+                cmd, env=worker_env(token), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            raise ShardError(f"probing GPU {token} took over {PROBE_TIMEOUT_S:.0f} s (stuck?)") from None
         for line in reversed(done.stdout.splitlines()):
             if line.startswith(PROBE_PREFIX):
                 return json.loads(line[len(PROBE_PREFIX) :])
@@ -306,7 +319,7 @@ def run_sharded(
         for s in skips:
             record.skip(s)
         stop = threading.Event()
-        live: set = set()
+        watch = HangWatch(n, case_timeout())
 
         def drive(g: int) -> None:
             shard = shards[g]
@@ -317,20 +330,93 @@ def run_sharded(
             env_g = worker_env(tokens[g])
 
             def rec(item: WorkItem, fields: dict[str, Any]) -> None:
-                record(shard[item.index], fields, gpu_index=g)
+                record(shard[item.index], watch.result(g, fields), gpu_index=g)
 
             start = 0
             while start < len(local) and not stop.is_set():
-                start = _one_worker(plan, local, start, rec, env=env_g, live=live)
+                watch.started(g)
+                start = _one_worker(plan, local, start, rec, env=env_g, live=watch.live[g])
 
-        _run_threads(drive, n, stop, live, record)
+        _run_threads(drive, n, stop, watch.live, record, watch=watch.check)
         record.closed = True
     return SweepSummary(out, record.counts, time.monotonic() - t0, len(items) + len(skips))
 
 
-def _run_threads(drive: Callable[[int], None], n: int, stop: threading.Event, live: set, record) -> None:
-    """drive(g) for every GPU in parallel threads; on an interrupt stop the workers and start no more."""
+def case_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds a GPU's worker may go without a result (DSKBENCH_CASE_TIMEOUT_S, default CASE_TIMEOUT_S)."""
+    raw = (os.environ if environ is None else environ).get(CASE_TIMEOUT_ENV, "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else CASE_TIMEOUT_S
+    except ValueError:
+        return CASE_TIMEOUT_S
+
+
+class HangWatch:
+    """Kills a GPU's worker that has gone `limit` seconds without a result (or since it started), so a
+    hung kernel loses its case, not the GPU's share of the sweep: the runner records the dead worker's
+    case as an error and starts the next worker after it; `result` says in that record why it died."""
+
+    def __init__(self, n: int, limit: float, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.clock = limit, clock
+        self.live: list[set] = [set() for _ in range(n)]  # each GPU's running worker (runner's `live`)
+        self.last = [clock()] * n
+        self.killed = [False] * n
+        self._lock = threading.Lock()
+
+    def alive(self, g: int) -> None:
+        """GPU g shows progress: a result came."""
+        with self._lock:
+            self.last[g] = self.clock()
+
+    def started(self, g: int) -> None:
+        """A new worker starts on GPU g."""
+        with self._lock:
+            self.last[g], self.killed[g] = self.clock(), False
+
+    def result(self, g: int, fields: dict[str, Any]) -> dict[str, Any]:
+        """A result of GPU g, its reason rewritten when it is the death of a worker this watch killed."""
+        self.alive(g)
+        with self._lock:
+            killed, self.killed[g] = self.killed[g], False
+        reason = str(fields.get("reason", ""))
+        if killed and fields.get("status") == "error" and reason.startswith("worker process died"):
+            why = f"timed out: no result within {self.limit:.0f} s, the worker was killed ({reason})"
+            return {**fields, "reason": why[:2000]}
+        return fields
+
+    def check(self) -> None:
+        """Kill the worker of every GPU past its limit (called every ~0.2 s by _run_threads)."""
+        if self.limit <= 0:
+            return
+        now = self.clock()
+        for g, procs in enumerate(self.live):
+            with self._lock:
+                late = now - self.last[g] > self.limit
+                if late:
+                    self.last[g] = now  # one kill per limit
+            for p in list(procs) if late else ():
+                with self._lock:
+                    self.killed[g] = True
+                print(
+                    f"dskbench: GPU {g}: no result for {self.limit:.0f} s: killing its worker (pid {p.pid})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                p.kill()
+
+
+def _run_threads(
+    drive: Callable[[int], None],
+    n: int,
+    stop: threading.Event,
+    live: set | Sequence[set],
+    record,
+    watch: Callable[[], None] | None = None,
+) -> None:
+    """drive(g) for every GPU in parallel threads; on an interrupt stop the workers and start no more.
+    `live`: the running worker processes (one set, or one per GPU); `watch` runs every ~0.2 s."""
     errors: list[BaseException] = []
+    lives = [live] if isinstance(live, set) else list(live)
 
     def body(g: int) -> None:
         try:
@@ -348,10 +434,12 @@ def _run_threads(drive: Callable[[int], None], n: int, stop: threading.Event, li
         for t in threads:
             while t.is_alive():
                 t.join(0.2)
+                if watch is not None:
+                    watch()
     except BaseException:
         stop.set()
         record.closed = True  # the stopped workers' "died" records would be false
-        for p in list(live):
+        for p in [p for procs in lives for p in list(procs)]:
             p.terminate()
         for t in threads:
             t.join(10)

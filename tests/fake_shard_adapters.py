@@ -1,5 +1,6 @@
-"""A fake kernel for the sharded sweep's tests: right, on the CPU, and its check says which GPU its
-worker was given and whether multicast was off there (the environment a shard's worker runs in).
+"""Fake kernels for the sharded sweep's tests: one right, on the CPU, whose check says which GPU its
+worker was given and whether multicast was off there (the environment a shard's worker runs in); one
+that never returns (a hung kernel).
 
 Loaded in worker subprocesses through DSKBENCH_EXTRA_ADAPTERS=...,tests.fake_shard_adapters.
 """
@@ -7,6 +8,7 @@ Loaded in worker subprocesses through DSKBENCH_EXTRA_ADAPTERS=...,tests.fake_sha
 from __future__ import annotations
 
 import os
+import time
 
 from dskbench.adapters import register
 from dskbench.adapters.base import Check
@@ -28,3 +30,18 @@ class FakeEnv(_FakeNorm):
             for k in ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
         )
         return Check(chk.ok, chk.error, chk.tolerance, seen)
+
+
+def _bind_hang(fn, inputs, case):
+    def launch():
+        time.sleep(3600)  # a kernel (or collective) that never returns
+
+    return launch
+
+
+@register
+class FakeHang(_FakeNorm):
+    kernel = "fake_hang"
+    backends = [
+        Backend("fake", "dskbench.shapes:Case", None, "torch", _bind_hang, requires=CPU_OK, capturable=False)
+    ]

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -189,6 +190,9 @@ def test_collective_follows_rank_zero_and_the_other_ranks_capture(sim):  # noqa:
     )
     assert m.method == "cuda-eager" and "another rank" in m.fallback_reason and entered == [1]
     assert m.median_us == pytest.approx(KERNEL_US, rel=0.03)
+    broken = Scripted(alls=[False, False])  # another rank's capture broke its context: no eager fallback
+    with pytest.raises(RuntimeError, match="graph capture broke on another rank"):
+        measure_collective(launchers(sim, 1), agree=broken, mode="hot", settings=SETTINGS)
     eager = Scripted(values=[None, 3, 10])  # n, then rank 0's samples per batch and group size
     m = measure_collective(launchers(sim, 2), agree=eager, mode="hot", capturable=False, settings=SETTINGS)
     assert m.method == "cuda-eager" and m.launches_per_sample == 10
@@ -267,6 +271,7 @@ SCRIPT = REPO / "scripts" / "comm_bench.py"
 def _script(monkeypatch):
     for k in shard.NO_MULTICAST_ENV:  # importing the script sets them: restore afterwards
         monkeypatch.setenv(k, "unset")
+    monkeypatch.delenv("SGLANG_SKIP_P2P_CHECK", raising=False)
     spec = importlib.util.spec_from_file_location("comm_bench", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "comm_bench", mod)  # its dataclass looks its module up
@@ -278,6 +283,7 @@ def test_comm_bench_arguments(monkeypatch, capsys):
     cb = _script(monkeypatch)
     assert cb.NO_MULTICAST_ENV == shard.NO_MULTICAST_ENV
     assert {k: os.environ[k] for k in shard.NO_MULTICAST_ENV} == shard.NO_MULTICAST_ENV  # set on import
+    assert os.environ["SGLANG_SKIP_P2P_CHECK"] == "1"  # else sglang's P2P test fails every custom AR set-up
     for k in ("WORLD_SIZE", "RANK"):
         monkeypatch.delenv(k, raising=False)
     assert cb.main(["--out", "x.jsonl"]) == cb.EXIT_USAGE
@@ -288,6 +294,12 @@ def test_comm_bench_arguments(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "12 cases at TP 8"  # 2 tokens x decode and prefill x 3 backends
     assert "custom_all_reduce/all_reduce/prefill/T=4096,tp=8  sglang_jit" in lines
+    assert cb.main(["--dry-run", "--world", "2", "--tokens", "1"]) == 0
+    order = []
+    for ln in capsys.readouterr().out.splitlines()[:-1]:
+        if ln.split()[-1] not in order:
+            order.append(ln.split()[-1])
+    assert order == list(cb.BACKEND_ORDER)  # the baselines and the AOT kernel before the JIT builds
 
 
 def test_comm_bench_two_gloo_ranks_end_to_end(tmp_path):
@@ -319,3 +331,235 @@ def test_comm_bench_two_gloo_ranks_end_to_end(tmp_path):
     assert all(d.returncode == 0 for d in done)
     runs = read_runs([out])
     assert len(runs) == 2 and runs[1].results == []
+
+
+def test_comm_bench_numeric_visible_devices(monkeypatch):
+    cb = _script(monkeypatch)
+    index = {"GPU-aaaa-1111": 3, "GPU-bbbb-2222": 5}.__getitem__
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-bbbb-2222, GPU-aaaa-1111"}
+    assert cb.numeric_visible_devices(env, index) == "5,3"  # order kept: device 0 stays the first named
+    assert env == {"CUDA_VISIBLE_DEVICES": "5,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # NVML's numbering
+    for unchanged in (
+        {},
+        {"CUDA_VISIBLE_DEVICES": "0,1"},
+        {"CUDA_VISIBLE_DEVICES": "1,GPU-aaaa-1111"},  # mixed: a bare index means another order
+        {"CUDA_VISIBLE_DEVICES": "MIG-aaaa"},
+        {"CUDA_VISIBLE_DEVICES": "GPU-aaaa-1111", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
+        {"CUDA_VISIBLE_DEVICES": "GPU-cccc"},  # the lookup fails: left as it is
+    ):
+        before = dict(unchanged)
+        assert cb.numeric_visible_devices(unchanged, index) is None and unchanged == before
+
+
+def test_custom_all_reduce_setups_trust_the_driver_p2p(monkeypatch):
+    from dskbench.adapters import comm
+
+    monkeypatch.delenv("SGLANG_SKIP_P2P_CHECK", raising=False)
+    comm._trust_driver_p2p()
+    assert os.environ["SGLANG_SKIP_P2P_CHECK"] == "1"
+    monkeypatch.setenv("SGLANG_SKIP_P2P_CHECK", "0")  # an explicit choice stands
+    comm._trust_driver_p2p()
+    assert os.environ["SGLANG_SKIP_P2P_CHECK"] == "0"
+
+
+def test_sglang_jit_skips_a_size_either_config_hands_to_nccl():
+    from dskbench.adapters.comm import SglangJitAllReduce
+
+    mib = 2**20
+    limits = {True: 16 * mib, False: 4 * mib}  # graph config, eager config
+
+    def pick(nbytes, can_use_graph):
+        algo = SimpleNamespace(algo_name="1shot_push") if nbytes <= limits[can_use_graph] else None
+        return algo, None
+
+    setup = SglangJitAllReduce.__new__(SglangJitAllReduce)
+    setup.ca = SimpleNamespace(_pick_algo=pick, max_size=16 * mib)
+    x = lambda t: {"x": torch.empty(t, 7168, dtype=torch.bfloat16)}  # noqa: E731
+    assert setup.skip(x(256), None) is None and setup.detail(x(256), None) == "algo 1shot_push"
+    assert "eager config" in setup.skip(x(512), None)  # 7 MiB: an eager launch would assert
+    assert "graph config" in setup.skip(x(2048), None)
+
+
+def test_fusion_runs_only_where_sglang_fuses():
+    from dskbench.adapters.comm import FUSION_MAX_TOKENS, FlashInferFusion
+
+    setup = FlashInferFusion.__new__(FlashInferFusion)
+    fits = {"yes": True}
+    setup.world, setup.ws = 2, SimpleNamespace(is_buffer_size_sufficient=lambda *a: fits["yes"])
+    x = lambda t: {"x": torch.empty(t, 64, dtype=torch.bfloat16)}  # noqa: E731
+    assert FUSION_MAX_TOKENS == 2048
+    assert setup.skip(x(2048), None) is None
+    assert "2048-token fusion limit" in setup.skip(x(4096), None)
+    fits["yes"] = False
+    assert "does not fit" in setup.skip(x(16), None)
+
+
+def test_watchdog_ends_the_process_after_recording(monkeypatch):
+    import threading
+    import time
+
+    cb = _script(monkeypatch)
+    ended, recorded = threading.Event(), []
+    codes: list[int] = []
+
+    def fake_exit(code):
+        codes.append(code)
+        ended.set()
+
+    wd = cb.Watchdog(exit=fake_exit, period=0.01, backstop=False)
+    wd.arm(5.0, "a case")
+    wd.disarm()  # disarmed in time: nothing happens
+    wd.arm(0.05, "a case", on_expire=lambda: recorded.append("timed out"))
+    assert ended.wait(5) and codes == [cb.EXIT_HUNG] and recorded == ["timed out"] and wd.fired == "a case"
+    quiet = cb.Watchdog(exit=fake_exit, period=0.01, backstop=False)
+    quiet.arm(0.05, "x")
+    quiet.disarm()
+    time.sleep(0.2)
+    assert codes == [cb.EXIT_HUNG]
+    teardown = cb.Watchdog(exit=fake_exit, period=0.01, backstop=False)
+    ended.clear()
+    teardown.arm(0.02, "the end of the run", code=0)  # a hang after every record is written: success
+    assert ended.wait(5) and codes == [cb.EXIT_HUNG, 0]
+
+
+FAILURES_PROGRAM = """
+import importlib.util, os, sys, time
+import torch.distributed as dist
+spec = importlib.util.spec_from_file_location("comm_bench", sys.argv[1])
+cb = importlib.util.module_from_spec(spec)
+sys.modules["comm_bench"] = cb
+spec.loader.exec_module(cb)
+from dskbench.adapters import comm
+
+MODE = sys.argv[2]
+cb.RANK_GRACE_S = 1.0
+
+class Flaky(comm.TorchAllReduce):
+    def bind(self, inputs, case):
+        t, rank = int(case.dims["T"]), dist.get_rank()
+        if MODE == "fail" and t == 1 and rank == 1:
+            raise ValueError("bind broke on rank 1 only")
+        if MODE == "fail" and t == 16:
+            def poison():
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return poison
+        if MODE == "hang" and t == 4 and rank == 1:
+            def hang():
+                time.sleep(600)
+            return hang
+        return super().bind(inputs, case)
+
+comm.RANK_SETUPS[("custom_all_reduce", "nccl")] = Flaky
+code = cb.main(sys.argv[3:])
+sys.stdout.flush()
+os._exit(code)
+"""
+
+
+def test_comm_bench_failures_are_agreed_and_recorded(tmp_path):
+    prog = tmp_path / "failures.py"
+    prog.write_text(FAILURES_PROGRAM)
+    out = tmp_path / "fail.jsonl"
+    args = [
+        "--device",
+        "cpu",
+        "--tokens",
+        "1,4,16,64",
+        "--sweep",
+        "decode",
+        "--budget",
+        "0.05",
+        "--seed",
+        "3",
+    ]
+    done = _ranks([sys.executable, str(prog), str(SCRIPT), "fail", *args, "--out", str(out)])
+    for d in done:
+        assert d.returncode == 0, d.stderr[-3000:]
+    (run,) = read_runs([out])
+    recs = {(r["case_id"], r["backend"]["name"]): r for r in run.results}
+    assert len(recs) == len(run.results) == 4 * 5  # every case of every backend has one record
+    cid = "custom_all_reduce/all_reduce/decode/T={},tp=2".format
+    one = recs[(cid(1), "nccl")]  # failed on one rank only: agreed, recorded, and the run went on
+    assert one["status"] == "error" and one["reason"] == "rank 1: ValueError: bind broke on rank 1 only"
+    assert recs[(cid(4), "nccl")]["status"] == "ok"
+    poison = recs[(cid(16), "nccl")]
+    assert poison["status"] == "error" and "illegal memory access" in poison["reason"]
+    # a poisoned context ends the run: what is left is recorded as not run (--resume retries errors)
+    left = [r for (c, b), r in recs.items() if (c, b) != (cid(16), "nccl") and r["status"] == "error"]
+    assert {r["case_id"] for r in left if r["backend"]["name"] == "nccl"} == {cid(1), cid(64)}
+    not_run = [r for r in left if r["reason"].startswith("not run: ")]
+    assert len(not_run) == 1 + 4 * 4 and all("poisoned the CUDA context" in r["reason"] for r in not_run)
+
+
+def test_comm_bench_watchdog_records_a_hang_and_ends_the_ranks(tmp_path):
+    prog = tmp_path / "hang.py"
+    prog.write_text(FAILURES_PROGRAM)
+    out = tmp_path / "hang.jsonl"
+    args = ["--device", "cpu", "--tokens", "1,4", "--sweep", "decode", "--budget", "0.05", "--seed", "3"]
+    args += ["--kernel", "custom_all_reduce", "--backend", "nccl", "--case-timeout", "3"]
+    done = _ranks([sys.executable, str(prog), str(SCRIPT), "hang", *args, "--out", str(out)], timeout=90)
+    assert [d.returncode for d in done] == [124, 124]
+    (run,) = read_runs([out])
+    by_case = {r["case_id"]: r for r in run.results}
+    assert by_case["custom_all_reduce/all_reduce/decode/T=1,tp=2"]["status"] == "ok"
+    hung = by_case["custom_all_reduce/all_reduce/decode/T=4,tp=2"]
+    assert hung["status"] == "error" and hung["reason"].startswith("timed out: ")
+    assert "ran past its limit" in done[0].stderr
+
+
+def test_comm_bench_driver_runs_one_torchrun_per_backend(tmp_path):
+    out = tmp_path / "driver.jsonl"
+    args = ["--nproc", "2", "--device", "cpu", "--kernel", "custom_all_reduce", "--tokens", "1"]
+    args += ["--sweep", "decode", "--budget", "0.05", "--seed", "3", "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = read_runs([out])
+    assert [[r["backend"]["name"] for r in run.results] for run in runs] == [
+        ["nccl"],
+        ["sgl_kernel"],
+        ["sglang_jit"],
+    ]  # one run (one torchrun) per backend, in BACKEND_ORDER
+    assert runs[0].results[0]["status"] == "ok" and runs[1].results[0]["status"] == "skipped"
+
+
+def test_driver_background_builds(monkeypatch, capsys):
+    cb = _script(monkeypatch)
+    for code in cb.PRECOMPILE.values():  # the build snippets are valid Python for any world size
+        compile(code.format(world=2), "<precompile>", "exec")
+    assert set(cb.PRECOMPILE) <= set(cb.BACKEND_ORDER)
+    monkeypatch.setattr(
+        cb,
+        "PRECOMPILE",
+        {"sglang_jit": "print('built')", "flashinfer": "import sys; print('nvcc died'); sys.exit(3)"},
+    )
+    procs = cb.start_precompile(["nccl", "sglang_jit", "flashinfer"], 2)
+    assert [name for name, _p, _log in procs] == ["sglang_jit", "flashinfer"]  # nccl builds nothing
+    for _name, proc, _log in procs:
+        proc.wait(timeout=60)
+    cb.stop_precompile(procs)
+    out = capsys.readouterr().out
+    assert "background JIT build for flashinfer failed (3): nvcc died" in out
+    assert "for sglang_jit failed" not in out
+
+
+def test_fusion_needs_peer_access_on_every_rank_first():
+    from dskbench.adapters.comm import RankContext, Unavailable, _need_peer_access
+
+    ctx = RankContext(1, 2, torch.device("cuda", 1), None, None, 1, 7168)
+    votes = []
+
+    def all_ranks(flag, others=True):
+        votes.append(flag)
+        return flag and others
+
+    _need_peer_access(ctx, can_access=lambda a, b: True, all_ranks=all_ranks)
+    with pytest.raises(Unavailable, match="GPU 1 has no peer access to GPU 0"):
+        _need_peer_access(ctx, can_access=lambda a, b: False, all_ranks=all_ranks)
+    with pytest.raises(Unavailable, match="another GPU"):  # this one is fine, a peer is not: all give up
+        _need_peer_access(ctx, can_access=lambda a, b: True, all_ranks=lambda f: all_ranks(f, others=False))
+    assert votes == [True, False, True]  # every rank votes before any of them gives up
+    cpu = RankContext(0, 2, torch.device("cpu"), None, None, 1, 7168)
+    _need_peer_access(cpu, can_access=lambda a, b: False, all_ranks=all_ranks)  # gloo runs: no check

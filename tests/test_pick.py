@@ -358,9 +358,9 @@ def test_unknown_flag_value_is_refused(tmp_path):
         load_deployment(default_shapes(), p)
 
 
-@pytest.mark.skipif(not (H200 / "sweep-quick.jsonl").exists(), reason="no H200 evidence in this checkout")
+@pytest.mark.skipif(not (H200 / "sweep-quick.jsonl.gz").exists(), reason="no H200 evidence in this checkout")
 def test_real_h200_results():
-    files = [H200 / n for n in ("sweep-quick.jsonl", "r2r-1.jsonl", "r2r-2.jsonl")]
+    files = [H200 / n for n in ("sweep-quick.jsonl.gz", "r2r-1.jsonl.gz", "r2r-2.jsonl.gz")]
     runs, dev = load_runs(files)
     p = pick(runs, dev)
     dec = p.phases[0]

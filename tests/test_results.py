@@ -104,3 +104,23 @@ def test_git_state_records_the_commit_and_a_launcher_given_one(monkeypatch):
     monkeypatch.setenv("DSKBENCH_GIT_COMMIT", "0123abc")
     with mock.patch.object(env.subprocess, "run", side_effect=OSError("no git here")):
         assert env.git_state() == {"commit": "0123abc", "dirty": None, "source": "DSKBENCH_GIT_COMMIT"}
+
+
+def test_gzipped_results_read_like_plain_ones_and_are_never_appended_to(tmp_path):
+    import gzip
+    import shutil
+
+    plain = tmp_path / "r.jsonl"
+    with ResultsWriter(plain) as w:
+        w.write(environment_record("r1", **ENV))
+        w.write(_ok("k/op/decode/T=1", 1.5))
+    packed = tmp_path / "r.jsonl.gz"
+    with plain.open("rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    [run] = read_runs([packed])
+    assert [r["timing"]["median_us"] for r in run.results] == [1.5]
+    with pytest.raises(ResultsError, match="plain JSON lines"):
+        ResultsWriter(packed)
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(ResultsError, match="cannot read"):
+        read_runs([tmp_path / "bad.jsonl.gz"])

@@ -137,3 +137,22 @@ def test_resume_skips_finished_cases_and_retries_errors(tmp_path, registry, monk
     assert len(runs) == 2
     # fake_ok's cases were done; fake_raise's errors are retried
     assert sorted(r["kernel"] for r in runs[1].results) == ["fake_raise"] * N_ALL
+
+
+def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
+    import gc
+
+    from dskbench import runner
+    from dskbench.backends import DeviceInfo
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(1))
+    monkeypatch.setattr(runner._free, "count", 0, raising=False)
+    cpu = DeviceInfo("cpu")
+    for _ in range(runner._FREE_EVERY - 1):
+        runner._free(cpu)
+    assert calls == []  # an ok case leaves nothing worth a full collection
+    runner._free(cpu)
+    assert len(calls) == 1  # ...but every _FREE_EVERY-th item collects anyway
+    runner._free(cpu, force=True)
+    assert len(calls) == 2  # an error or a wrong result always cleans up

@@ -228,3 +228,68 @@ def test_dry_run_prints_the_cut(monkeypatch, capsys):
         "fake_raise",
         "fake_wrong",
     ]
+
+
+def test_case_timeout_setting():
+    assert shard.case_timeout({}) == shard.CASE_TIMEOUT_S
+    assert shard.case_timeout({shard.CASE_TIMEOUT_ENV: "30"}) == 30.0
+    assert shard.case_timeout({shard.CASE_TIMEOUT_ENV: "0"}) == 0.0  # off
+    assert shard.case_timeout({shard.CASE_TIMEOUT_ENV: "soon"}) == shard.CASE_TIMEOUT_S
+
+
+def test_hang_watch_kills_only_a_late_gpus_worker():
+    now = [100.0]
+    watch = shard.HangWatch(2, 10.0, clock=lambda: now[0])
+
+    class Proc:
+        pid, killed = 1, False
+
+        def kill(self):
+            self.killed = True
+
+    p0, p1 = Proc(), Proc()
+    watch.started(0)
+    watch.started(1)
+    watch.live[0].add(p0)
+    watch.live[1].add(p1)
+    now[0] = 108.0
+    watch.result(1, {"status": "ok"})  # GPU 1 made progress, GPU 0 did not
+    now[0] = 111.0
+    watch.check()
+    assert p0.killed and not p1.killed
+    died = {"status": "error", "reason": "worker process died (exit code -9) while running this case"}
+    assert watch.result(0, died)["reason"].startswith("timed out: no result within 10 s")
+    assert watch.result(0, died) == died  # only the killed worker's death is relabelled
+    off = shard.HangWatch(1, 0.0, clock=lambda: now[0])
+    off.live[0].add(p1)
+    now[0] = 10_000.0
+    off.check()
+    assert not p1.killed
+
+
+def test_a_hung_worker_loses_its_case_not_its_gpu(tmp_path, monkeypatch):
+    kernels = ["fake_ok", "fake_hang"]
+    registry = {k: _entry(k) for k in kernels}
+    real = DeviceInfo.detect.__func__
+
+    def detect(cls, want: str = "cuda") -> DeviceInfo:
+        return DeviceInfo("cuda", "Fake GPU", 90, 2) if want == "cuda" else real(cls, want)
+
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(detect))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    monkeypatch.setenv(shard.CASE_TIMEOUT_ENV, "4")
+    opts = SweepOptions(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=2
+    )
+    items, skips = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
+    out = tmp_path / "r.jsonl"
+    summary = run_sweep(items, skips, opts, out)
+    (run,) = read_runs([out])
+    recs = run.results
+    assert sorted(r["index"] for r in recs) == list(range(len(items)))  # every case has its record
+    hung = [r for r in recs if r["kernel"] == "fake_hang"]
+    assert len(hung) == N and all(r["status"] == "error" for r in hung)
+    assert all(r["reason"].startswith("timed out: no result within 4 s, the worker was killed") for r in hung)
+    assert all(r["status"] == "ok" for r in recs if r["kernel"] == "fake_ok")
+    assert summary.counts["ok"] == N and summary.counts["error"] == N

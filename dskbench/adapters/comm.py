@@ -6,7 +6,9 @@ and skips each with the GPUs it needs; scripts/comm_bench.py, started by torchru
 the per-rank setups below (`RANK_SETUPS`), each built the way SGLang 0.5.16 builds it:
 
 * custom_all_reduce / sgl_kernel: SGLang's CustomAllreduce (v1, sgl_kernel AOT ops over cudaIpc
-  buffers); in CUDA graphs the input is registered, eager it is copied into the IPC buffer.
+  buffers); in CUDA graphs the input is registered, eager it is copied into the IPC buffer. Both custom
+  all-reduces run with SGLANG_SKIP_P2P_CHECK=1 (their P2P test needs sglang's own process groups; the
+  driver's peer-access report is trusted instead) on the gloo group, as SGLang builds them.
 * custom_all_reduce / sglang_jit: SGLang's CustomAllReduceV2 (JIT, symmetric memory), the default on
   CUDA in 0.5.16; its tuned graph-mode config picks the algorithm per size.
 * custom_all_reduce / nccl: torch.distributed.all_reduce on the NCCL group (the baseline, in place).
@@ -15,7 +17,9 @@ the per-rank setups below (`RANK_SETUPS`), each built the way SGLang 0.5.16 buil
 * flashinfer_communication_fusion / nccl+fused_add_rmsnorm: the unfused path (NCCL all-reduce, then
   flashinfer.norm.fused_add_rmsnorm in place).
 
-Size limits are SGLang's: a size its custom all-reduce would hand to NCCL is skipped with that reason.
+Size limits are SGLang's: a size its custom all-reduce would hand to NCCL is skipped with that reason,
+and so is a token count above 2048 for the fusion (SGLang fuses only up to FUSE_ALLREDUCE_MAX_BATCH_SIZE
+tokens, with a workspace of 2048 tokens; above that it runs the unfused path).
 Multicast is never used: the FlashInfer workspace is created with backend "trtllm" (never "mnnvl" or
 "auto", whose MNNVL path calls cuMulticastCreate), and every process runs with NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 (dskbench.shard.NO_MULTICAST_ENV).
@@ -27,6 +31,7 @@ bandwidth for all five; the fused kernel's local residual/norm bytes (3 x T x H 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +45,9 @@ from dskbench.shapes import Case, ModelShapes
 
 DTYPE = torch.bfloat16
 RMS_EPS = 1e-6  # rms_norm_eps of the model config
-FUSION_MIN_TOKENS = 2048  # sglang sizes the fusion workspace for max(T, 2048) tokens
+# sglang 0.5.16 fuses only batches of at most FUSE_ALLREDUCE_MAX_BATCH_SIZE = 2048 tokens
+# (layers/communicator.py), in a workspace of max_token_num = 2048 (flashinfer_comm_fusion.py)
+FUSION_MAX_TOKENS = 2048
 SM90_SM100 = Requirement(sm=(90, 100, 103))  # flashinfer's trtllm_comm module: majors 9 and 10
 
 
@@ -248,10 +255,50 @@ class TorchAllReduce(RankCollective):
         return launch
 
 
+def _trust_driver_p2p() -> None:
+    """sglang's P2P test (custom_all_reduce_utils.gpu_p2p_access_check) asks sglang's own world group
+    (parallel_state.get_world_group(), which asserts it was initialised) for the local rank; here the
+    group is plain torch.distributed, so the test would fail every custom all-reduce's set-up. With
+    SGLANG_SKIP_P2P_CHECK=1 sglang trusts the driver instead: torch.cuda.can_device_access_peer."""
+    os.environ.setdefault("SGLANG_SKIP_P2P_CHECK", "1")
+
+
+def _need_peer_access(
+    ctx: RankContext,
+    can_access: Callable[[int, int], bool] | None = None,
+    all_ranks: Callable[[bool], bool] | None = None,
+) -> None:
+    """Unavailable unless every GPU of the group can reach every other (the ranks of one host are GPUs
+    0..world-1): the FlashInfer workspace maps the peers' memory, and without P2P its set-up or its
+    first kernel would fail or wait for ever. Agreed over the CPU group before anything collective
+    starts, so that every rank gives up or none does. `all_ranks(flag)`: True where every rank says so."""
+    if ctx.device.type != "cuda":
+        return
+    can_access = can_access or torch.cuda.can_device_access_peer
+    me = ctx.device.index if ctx.device.index is not None else ctx.rank
+    blocked = [g for g in range(ctx.world) if g != me and not can_access(me, g)]
+    if all_ranks is None:
+
+        def all_ranks(flag: bool) -> bool:
+            import torch.distributed as dist
+
+            t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ctx.cpu_group)
+            return bool(t.item())
+
+    everywhere = all_ranks(not blocked)
+    if blocked:
+        raise Unavailable(f"GPU {me} has no peer access to GPU {', '.join(map(str, blocked))} (no P2P)")
+    if not everywhere:
+        raise Unavailable("another GPU of the group has no peer access (no P2P)")
+
+
 class SglCustomAllReduce(RankCollective):
     """sglang's CustomAllreduce (v1 over sgl_kernel's AOT ops)."""
 
     def __init__(self, ctx: RankContext, fn: Any = None):
+        _trust_driver_p2p()
+        _need_peer_access(ctx)  # sglang's own check is per rank: agree first
         from sglang.srt.distributed.device_communicators.custom_all_reduce import CustomAllreduce
 
         self.ca = CustomAllreduce(group=ctx.cpu_group, device=ctx.device)
@@ -279,21 +326,32 @@ class SglangJitAllReduce(RankCollective):
     """sglang's CustomAllReduceV2 (JIT): the algorithm its graph-mode config picks for the size."""
 
     def __init__(self, ctx: RankContext, fn: Any = None):
+        _trust_driver_p2p()
+        _need_peer_access(ctx)  # sglang's own check is per rank: agree first
         from sglang.srt.distributed.device_communicators.custom_all_reduce_v2 import CustomAllReduceV2
 
         self.ca = CustomAllReduceV2(group=ctx.cpu_group, device=ctx.device)
         if self.ca.disabled:
             raise Unavailable("sglang CustomAllReduceV2 disabled itself here (it needs full NVLink)")
 
-    def _algo(self, x: torch.Tensor) -> Any:
-        algo, _mode = self.ca._pick_algo(_nbytes(x), can_use_graph=True)  # timed in CUDA graphs
+    def _algo(self, x: torch.Tensor, graph: bool = True) -> Any:
+        algo, _mode = self.ca._pick_algo(_nbytes(x), can_use_graph=graph)  # timed in CUDA graphs
         return algo
 
     def skip(self, inputs: dict[str, Any], case: Case) -> str | None:
         x = inputs["x"]
-        if self._algo(x) is not None and _nbytes(x) <= self.ca.max_size:
-            return None
-        return f"{_nbytes(x) / 2**20:.1f} MiB: CustomAllReduceV2's graph config hands this size to NCCL"
+        # eager launches (the check, warm-up, an eager fallback) use the eager config: a size it has no
+        # algorithm for fails an assert in custom_all_reduce, so both configs must take the size
+        for graph, name in ((True, "graph"), (False, "eager")):
+            if self._algo(x, graph) is None:
+                return (
+                    f"{_nbytes(x) / 2**20:.1f} MiB: CustomAllReduceV2's {name} config hands this size to NCCL"
+                )
+        if _nbytes(x) > self.ca.max_size:
+            return (
+                f"{_nbytes(x) / 2**20:.1f} MiB is over CustomAllReduceV2's {self.ca.max_size / 2**20:.0f} MiB"
+            )
+        return None
 
     def detail(self, inputs: dict[str, Any], case: Case) -> str:
         algo = self._algo(inputs["x"])
@@ -314,14 +372,17 @@ class FlashInferFusion(RankCollective):
     """flashinfer.comm.allreduce_fusion with residual + RMSNorm; one TRT-LLM workspace for the sweep."""
 
     def __init__(self, ctx: RankContext, fn: Any = None):
+        _need_peer_access(ctx)
         import flashinfer.comm as comm
 
         self.comm, self.world = comm, ctx.world
+        # flashinfer 0.6.14: a torch symmetric-memory workspace (multicast off by
+        # TORCH_SYMM_MEM_DISABLE_MULTICAST), rendezvous and barrier on `group`; builds the trtllm_comm JIT
         self.ws = comm.create_allreduce_fusion_workspace(
             backend="trtllm",  # never "mnnvl"/"auto": the MNNVL workspace creates a multicast object
             world_size=ctx.world,
             rank=ctx.rank,
-            max_token_num=max(ctx.max_tokens, FUSION_MIN_TOKENS),
+            max_token_num=FUSION_MAX_TOKENS,  # as sglang: the workspace it fuses in
             hidden_dim=ctx.hidden,
             dtype=DTYPE,
             gpus_per_node=ctx.world,
@@ -330,6 +391,10 @@ class FlashInferFusion(RankCollective):
 
     def skip(self, inputs: dict[str, Any], case: Case) -> str | None:
         t, h = inputs["x"].shape
+        if t > FUSION_MAX_TOKENS:
+            return (
+                f"T={t} is over SGLang's {FUSION_MAX_TOKENS}-token fusion limit: SGLang runs NCCL + the norm"
+            )
         if self.ws.is_buffer_size_sufficient(self.world, t, h, DTYPE):
             return None
         return f"T={t} does not fit the fusion workspace"

@@ -595,6 +595,7 @@ class BmmFp8(Adapter):
             "jit",
             functools.partial(_bind_fi_bmm_fp8, backend="cudnn"),
             requires=Requirement(min_sm=89),
+            preload=("cudnn",),  # flashinfer raises at call time without it; say so at resolve time
             note="needs the cudnn Python package (nvidia-cudnn-frontend)",
         ),
         Backend(

@@ -492,6 +492,7 @@ MM_FP4_BACKENDS: list[Backend] = [
         "aot",
         _bind_mm_fp4("cudnn"),
         requires=FI_FP4,
+        preload=("cudnn",),
         fallbacks=("flashinfer:mm_fp4",),
         note="cuDNN engine (needs the cudnn python frontend)",
     ),

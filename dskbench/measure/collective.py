@@ -162,6 +162,7 @@ def _cuda_timer_classes() -> tuple[type, type]:
             self.close()
             graphs: list[Any] = []
             err: CaptureFailed | None = None
+            hard: Exception | None = None  # not a capture failure (a broken context): no eager fallback
             with self.capture_context():
                 try:
                     graphs.append(self._capture(n, launches=True))
@@ -169,10 +170,19 @@ def _cuda_timer_classes() -> tuple[type, type]:
                         graphs.append(self._capture(n, launches=False))
                 except CaptureFailed as e:
                     err = e
-                ok = self.agree.all(err is None)  # inside the context: its exit is a collective too
-                if not ok:
+                except Exception as e:  # noqa: BLE001 - agreed first, then raised on every rank
+                    hard = e
+                ok = self.agree.all(err is None and hard is None)  # inside the context: its exit is a
+                if not ok:  # collective too
                     for g in graphs:
                         g.reset()
+                    # every rank raises the same kind: one falling back to eager launches while another
+                    # gives up would leave the first waiting in a collective for ever
+                    hard_anywhere = not self.agree.all(hard is None)
+                    if hard is not None:
+                        raise hard
+                    if hard_anywhere:
+                        raise RuntimeError("graph capture broke on another rank (its error is recorded)")
                     raise err or CaptureFailed("graph capture failed on another rank")
             for g in graphs:  # first replay uploads the graph: keep it out of any timing
                 g.replay()

@@ -1,0 +1,69 @@
+"""scripts/sweep_stats.py: counts, per-GPU wall time, and wall time without first-time JIT."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from dskbench.results import ResultsWriter, environment_record, result_record
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("sweep_stats", ROOT / "scripts" / "sweep_stats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_wall_per_gpu_and_jit_are_taken_from_the_records(tmp_path, capsys):
+    stats = _load()
+    t0 = 1_800_000_000.0
+    created = "2027-01-15T08:00:00+00:00"  # = t0
+    p = tmp_path / "s.jsonl"
+
+    def ok(case, gpu, finished, first_launch):
+        return result_record(
+            "r1",
+            "ok",
+            kernel="k",
+            case_id=case,
+            backend={"name": "b"},
+            timing={"median_us": 1.0},
+            gpu_index=gpu,
+            finished=finished,
+            stages={"first_launch_s": first_launch, "item_s": 0.5},
+        )
+
+    with ResultsWriter(p) as w:
+        w.write(environment_record("r1", created=created, device={"name": "NVIDIA H200"}, versions={}))
+        w.write(ok("a", 0, t0 + 100.0, 40.0))  # JIT compile on GPU 0
+        w.write(ok("b", 0, t0 + 130.0, 0.01))
+        w.write(ok("c", 1, t0 + 90.0, 0.2))
+        w.write(
+            result_record(
+                "r1",
+                "error",
+                kernel="k",
+                case_id="d",
+                backend={"name": "x"},
+                reason="boom",
+                gpu_index=1,
+                finished=t0 + 95.0,
+            )
+        )
+    [s] = [stats.run_stats(r) for r in stats.read_runs([p])]
+    assert s["counts"] == {"ok": 3, "error": 1}
+    assert s["gpus"][0] == {
+        "cases": 2,
+        "wall_s": 130.0,
+        "jit_s": 40.0,
+        "wall_without_jit_s": 90.0,
+        "sum_item_s": 1.0,
+    }
+    assert s["gpus"][1]["wall_s"] == 95.0 and s["gpus"][1]["jit_s"] == 0.0
+    assert s["wall_s"] == 130.0 and s["gpu_seconds_without_jit"] == 185.0
+    assert s["errors"] == {"k · x: boom": 1}
+    assert stats.main([str(p)]) == 0
+    assert "gpu 0: 2 cases, wall 130.0 s, JIT 40.0 s, without JIT 90.0 s" in capsys.readouterr().out
