@@ -2,6 +2,7 @@
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
         torchrun --nproc-per-node 4 scripts/comm_bench.py --out results/comm-tp4.jsonl [--quick]
+    python scripts/comm_bench.py --nproc 4 --out results/comm-tp4.jsonl [--quick]   # one torchrun a backend
 
 Kernels: custom_all_reduce (sgl_kernel v1, sglang_jit v2, nccl baseline) and
 flashinfer_communication_fusion (flashinfer allreduce_fusion with residual + RMSNorm, and the unfused
@@ -16,8 +17,17 @@ our results file: one environment record (every rank's GPU), one result per (ker
 with the slowest rank's timing (a collective ends when its last rank does), every rank's median, and
 algorithm and bus bandwidth (busbw = 2(n-1)/n x T x H x 2 bytes / t, nccl-tests' convention).
 
-A rank that fails inside a collective cannot be recovered from (the others wait in the kernel): the run
-ends there; records already written stay, and --resume skips them on the next run.
+A failure that every rank sees (an exception in set-up, the first launch, the check or the timing) is
+recorded as that case's error and the run goes on; an error that poisons the CUDA context ends the run
+(the cases left are recorded as not run). A rank that hangs inside a collective cannot be recovered
+from (the others wait in the kernel): a watchdog ends the processes when a backend's set-up
+(--setup-timeout) or one case (--case-timeout) runs past its limit, after rank 0 has recorded the case
+as timed out. Records already written stay, and --resume skips them on the next run.
+
+Driver mode (not under torchrun): `python scripts/comm_bench.py --nproc 2 --quick --out X` starts one
+torchrun of N processes per (kernel, backend), cheapest and safest first (NCCL, sgl_kernel's AOT
+custom all-reduce, NCCL + the norm, then the JIT-built sglang and FlashInfer kernels), each with an outer
+time limit, so a backend that hangs or kills its processes costs only its own cases.
 
 --device cpu runs the same path on CPU tensors over gloo (the nccl baselines become gloo all-reduces, the
 GPU kernels are skipped): for tests, and to try arguments before spending GPU time.
@@ -26,6 +36,7 @@ GPU kernels are skipped): for tests, and to try arguments before spending GPU ti
 from __future__ import annotations
 
 import os
+from typing import Any
 
 # Before torch, NCCL or torch's symmetric memory read them, in every rank: no NVLink multicast (it can
 # put shared GPUs out of service). The same values as dskbench.shard.NO_MULTICAST_ENV (a test checks).
@@ -35,19 +46,73 @@ NO_MULTICAST_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 os.environ.update(NO_MULTICAST_ENV)
+# sglang's custom all-reduce set-up runs a P2P test that needs sglang's own world group (not initialised
+# here: it asserts); with this it trusts torch.cuda.can_device_access_peer (dskbench/adapters/comm.py)
+os.environ.setdefault("SGLANG_SKIP_P2P_CHECK", "1")
+
+
+def numeric_visible_devices(environ: Any, uuid_index: Any = None) -> str | None:
+    """CUDA_VISIBLE_DEVICES given as GPU UUIDs rewritten as NVML indices (with CUDA_DEVICE_ORDER=PCI_BUS_ID,
+    which numbers devices as NVML does), before CUDA reads it: sglang's custom all-reduce parses the
+    variable as integers (custom_all_reduce_utils) and would fail its set-up on UUIDs. Returns the new
+    value, or None when nothing was changed (unset, already numeric, mixed, MIG, or a lookup failed)."""
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    tokens = [t.strip() for t in (raw or "").split(",") if t.strip()]
+    if not tokens or not all(t.startswith("GPU-") for t in tokens):
+        return None
+    if environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID") != "PCI_BUS_ID":
+        return None
+    try:
+        value = ",".join(str((uuid_index or _nvml_uuid_index)(t)) for t in tokens)
+    except Exception:  # noqa: BLE001 - leave the variable as it is; sglang says why it cannot use it
+        return None
+    environ["CUDA_VISIBLE_DEVICES"] = value
+    environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return value
+
+
+def _nvml_uuid_index(token: str) -> int:
+    """NVML index (PCI bus order) of the GPU whose UUID starts with `token`."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(token):
+                return i
+    finally:
+        pynvml.nvmlShutdown()
+    raise LookupError(f"no GPU with UUID {token}")
+
+
+numeric_visible_devices(os.environ)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime as dt  # noqa: E402
+import faulthandler  # noqa: E402
+import math  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KERNELS = ("custom_all_reduce", "flashinfer_communication_fusion")
 PHASES = ("decode", "prefill", "decode_graph")
 EXIT_USAGE = 2
+EXIT_HUNG = 124  # the watchdog ended the process (as timeout(1) does)
+# Backends run cheapest and safest first: the baselines and the AOT kernel before the JIT builds
+# (minutes on a fresh machine) and the kernels most likely to hang or crash a run
+BACKEND_ORDER = ("nccl", "sgl_kernel", "nccl+fused_add_rmsnorm", "sglang_jit", "flashinfer")
+TEARDOWN_S = 90.0  # barrier and destroy_process_group at the end
+RANK_GRACE_S = 15.0  # ranks above 0 wait this much longer, so that rank 0 records a hang first
 
 
 def _csv_ints(s: str) -> list[int]:
@@ -74,6 +139,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="skip (case, backend) pairs --out already holds")
     p.add_argument("--dry-run", action="store_true", help="print the plan (no process group needed)")
     p.add_argument("--world", type=int, help="TP degree for --dry-run outside torchrun")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        help="driver mode (outside torchrun): one torchrun of this many processes per (kernel, backend)",
+    )
+    p.add_argument(
+        "--no-precompile",
+        action="store_true",
+        help="driver mode: do not build the later backends' JIT modules in the background",
+    )
+    p.add_argument(
+        "--case-timeout",
+        type=float,
+        default=240.0,
+        help="seconds one case may take (first-use JIT included) before the ranks are ended (default 240)",
+    )
+    p.add_argument(
+        "--setup-timeout",
+        type=float,
+        default=480.0,
+        help="seconds a backend's set-up may take (JIT builds included) (default 480)",
+    )
     return p
 
 
@@ -110,6 +197,13 @@ def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
     return plans
 
 
+def ordered(plans: list[Plan]) -> list[tuple[Plan, Any]]:
+    """(plan, backend) pairs in BACKEND_ORDER (then plan order)."""
+    pairs = [(p, b) for p in plans for b in p.backends]
+    pos = {name: i for i, name in enumerate(BACKEND_ORDER)}
+    return sorted(pairs, key=lambda pb: pos.get(pb[1].name, len(pos)))
+
+
 def settings_for(args: argparse.Namespace) -> Any:
     from dskbench.measure import MeasureSettings
 
@@ -120,12 +214,12 @@ def settings_for(args: argparse.Namespace) -> Any:
 # -- the process group -------------------------------------------------------------------------------------
 
 
-def init_ranks(device_kind: str) -> tuple[Any, Any, Any]:
+def init_ranks(device_kind: str, timeout_s: float = 600.0) -> tuple[Any, Any, Any]:
     """(RankContext fields: rank, world, local rank, device), the device group and the CPU group."""
     import torch
     import torch.distributed as dist
 
-    timeout = dt.timedelta(minutes=10)
+    timeout = dt.timedelta(seconds=timeout_s)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
         torch.cuda.set_device(local)
@@ -160,11 +254,100 @@ def gpu_block(index: int) -> dict[str, Any]:
     return block
 
 
+# -- the watchdog ---------------------------------------------------------------------------------------
+
+
+class Watchdog:
+    """Ends this process when the phase it was armed for (a backend's set-up, one case, the teardown)
+    runs past its limit: a rank stuck in a collective or a spinning kernel never returns, and every rank
+    of the group waits with it. On expiry it calls the phase's `on_expire` (rank 0 records the case),
+    dumps every thread's stack to stderr and exits with the phase's code; torchrun then stops the other
+    ranks. A Python thread needs the GIL, so faulthandler's C-level timer backs it up 60 s later."""
+
+    BACKSTOP_S = 60.0
+
+    def __init__(
+        self,
+        exit: Callable[[int], Any] = os._exit,
+        period: float = 0.5,
+        backstop: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._exit, self._period, self._backstop, self._clock = exit, period, backstop, clock
+        self._lock = threading.Lock()
+        self._deadline: float | None = None
+        self._what, self._on_expire, self._code = "", None, EXIT_HUNG
+        self.fired: str | None = None
+        threading.Thread(target=self._loop, name="comm-bench-watchdog", daemon=True).start()
+
+    def arm(
+        self, seconds: float, what: str, on_expire: Callable[[], Any] | None = None, code: int = EXIT_HUNG
+    ) -> None:
+        if seconds is None or seconds <= 0:
+            return self.disarm()
+        with self._lock:
+            self._deadline = self._clock() + seconds
+            self._what, self._on_expire, self._code = what, on_expire, code
+        if self._backstop:
+            faulthandler.dump_traceback_later(seconds + self.BACKSTOP_S, exit=True)
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+        if self._backstop:
+            faulthandler.cancel_dump_traceback_later()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self._period)
+            with self._lock:
+                expired = self._deadline is not None and self._clock() > self._deadline
+                what, on_expire, code = self._what, self._on_expire, self._code
+            if expired:
+                self.fired = what
+                print(
+                    f"comm_bench.py: {what} ran past its limit: ending this process",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                try:
+                    if on_expire is not None:
+                        on_expire()
+                except Exception as e:  # noqa: BLE001 - the exit matters more
+                    print(f"comm_bench.py: recording the time-out failed: {e}", file=sys.stderr, flush=True)
+                if self._backstop:
+                    faulthandler.dump_traceback(all_threads=True)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                self._exit(code)
+                return
+
+
 # -- one case --------------------------------------------------------------------------------------------
 
 
+def _failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".strip()[:2000]
+
+
+def _agreed_error(base: dict[str, Any], errs: list[tuple[int, str]]) -> dict[str, Any]:
+    """An error every rank records alike: the first failing rank's message; `poisoned` when any rank's
+    error leaves its CUDA context unusable (the run must end)."""
+    from dskbench.runner import is_poisoning
+
+    rank, msg = errs[0]
+    fields = {**base, "status": "error", "reason": f"rank {rank}: {msg}"[:2000]}
+    if any(is_poisoning(m) for _r, m in errs):
+        fields["poisoned"] = True
+    return fields
+
+
 def run_case(adapter, backend, setup, case, ctx, agree, args, run_seed: int) -> dict[str, Any]:
-    """Check, then time one case on every rank; the record fields (meaningful on rank 0)."""
+    """Check, then time one case on every rank; the record fields (meaningful on rank 0).
+
+    Three stages, each closed by one agreement that every rank reaches (an exception is caught and
+    agreed, never raised): inputs, reference and launcher (local work; a skip or an error on any rank
+    applies to all); one launch and the check; the timing."""
     import torch
 
     from dskbench.measure.collective import measure_collective
@@ -173,30 +356,44 @@ def run_case(adapter, backend, setup, case, ctx, agree, args, run_seed: int) -> 
     seed = case_seed(run_seed, case.id, backend.name)
     base: dict[str, Any] = {"seed": seed}
     dev = str(ctx.device)
-    inputs = adapter.make_inputs(case, dev, seed)
-    mine = adapter.rank_inputs(inputs, ctx.rank)
-    why = setup.skip(mine, case)
-    reasons = [r for r in agree.gather(why) if r]
+    cuda = ctx.device.type == "cuda"
+
+    why = err = detail = launch = ref = None
+    try:
+        inputs = adapter.make_inputs(case, dev, seed)
+        mine = adapter.rank_inputs(inputs, ctx.rank)
+        why = setup.skip(mine, case)
+        if why is None:
+            detail = setup.detail(mine, case)
+            ref = adapter.reference(inputs, case)
+            launch = setup.bind(mine, case)
+        del inputs
+    except Exception as e:  # noqa: BLE001 - agreed below, before any rank launches
+        err = _failure(e)
+    votes = agree.gather((why, err))
+    errs = [(r, e) for r, (_w, e) in enumerate(votes) if e]
+    if errs:
+        return _agreed_error(base, errs)
+    reasons = [w for w, _e in votes if w]
     if reasons:
         return {**base, "status": "skipped", "reason": reasons[0]}
-    detail = setup.detail(mine, case)
-    ref = adapter.reference(inputs, case)
-    del inputs
+
+    out = None
     try:
-        launch, err = setup.bind(mine, case), None
-    except Exception as e:  # noqa: BLE001 - agreed below, before any rank launches
-        launch, err = None, f"{type(e).__name__}: {e}"
-    errs = [e for e in agree.gather(err) if e]
-    if errs:
-        return {**base, "status": "error", "reason": errs[0][:2000]}
-    out = launch()
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize()
-    chk = adapter.check(out, ref, case)
+        out = launch()
+        if cuda:
+            torch.cuda.synchronize()
+        chk = adapter.check(out, ref, case)
+        mine_chk = (bool(chk.ok), float(chk.error), float(chk.tolerance), chk.detail, None)
+    except Exception as e:  # noqa: BLE001 - agreed below
+        mine_chk = (False, math.inf, 0.0, "", _failure(e))
     del out, ref
-    checks = agree.gather((chk.ok, chk.error, chk.tolerance, chk.detail))
+    checks = agree.gather(mine_chk)
+    errs = [(r, c[4]) for r, c in enumerate(checks) if c[4]]
+    if errs:
+        return _agreed_error(base, errs)
     worst = max(range(len(checks)), key=lambda r: checks[r][1] / max(checks[r][2], 1e-30))
-    ok, error, tol, chk_detail = checks[worst]
+    ok, error, tol, chk_detail, _ = checks[worst]
     base["check"] = {"error": error, "tolerance": tol, "detail": f"rank {worst}: {chk_detail}".strip()}
     if detail:
         base["detail"] = detail
@@ -206,16 +403,24 @@ def run_case(adapter, backend, setup, case, ctx, agree, args, run_seed: int) -> 
             "status": "wrong",
             "reason": f"rank {worst}: relative error {error:.3g} > tolerance {tol:.1g}",
         }
-    m = measure_collective(
-        [launch],
-        agree=agree,
-        device=dev,
-        mode=args.mode,
-        capturable=backend.capturable and setup.capturable,
-        settings=settings_for(args),
-        capture_context=setup.capture,
-    )
-    timings = agree.gather(dataclasses.asdict(m))
+
+    try:
+        m = measure_collective(
+            [launch],
+            agree=agree,
+            device=dev,
+            mode=args.mode,
+            capturable=backend.capturable and setup.capturable,
+            settings=settings_for(args),
+            capture_context=setup.capture,
+        )
+        timing: dict[str, Any] = dataclasses.asdict(m)
+    except Exception as e:  # noqa: BLE001 - agreed below (a rank stuck in the collective: the watchdog)
+        timing = {"error": _failure(e)}
+    timings = agree.gather(timing)
+    errs = [(r, t["error"]) for r, t in enumerate(timings) if "error" in t]
+    if errs:
+        return _agreed_error(base, errs)
     return {**base, **summarize_ranks(timings, case)}
 
 
@@ -260,12 +465,16 @@ def summarize_ranks(timings: list[dict[str, Any]], case: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "0")) or (args.world or 0)
+    world = int(os.environ.get("WORLD_SIZE", "0")) or (args.world or 0) or (args.nproc or 0)
     if args.dry_run:
         return dry_run(args, world or 2)
+    if "RANK" not in os.environ and args.nproc is not None:
+        return drive(args)
     if world < 2 or "RANK" not in os.environ:
         print(
-            "comm_bench.py: run under torchrun --nproc-per-node N (N >= 2), or use --dry-run", file=sys.stderr
+            "comm_bench.py: run under torchrun --nproc-per-node N (N >= 2), or with --nproc N (one torchrun "
+            "a backend), or use --dry-run",
+            file=sys.stderr,
         )
         return EXIT_USAGE
     if args.out is None:
@@ -286,16 +495,15 @@ def dry_run(args: argparse.Namespace, world: int) -> int:
         print(f"comm_bench.py: {e}", file=sys.stderr)
         return EXIT_USAGE
     n = 0
-    for p in plans:
-        for b in p.backends:
-            for c in p.cases:
-                print(f"{c.id}  {b.name}")
-                n += 1
+    for p, b in ordered(plans):
+        for c in p.cases:
+            print(f"{c.id}  {b.name}")
+            n += 1
     print(f"{n} cases at TP {world}")
     return 0
 
 
-def run(args: argparse.Namespace, plans: list[Plan], world: int) -> int:
+def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watchdog | None = None) -> int:
     import torch
     import torch.distributed as dist
 
@@ -307,9 +515,19 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int) -> int:
     from dskbench.results import ResultsWriter, environment_record, read_runs, result_record
     from dskbench.runner import backend_block, finished_keys
 
-    device, device_group, cpu_group = init_ranks(args.device)
+    # collectives give up after the longest phase the watchdog allows (it should act first)
+    watched = args.setup_timeout > 0 and args.case_timeout > 0
+    pg_timeout = max(args.setup_timeout, args.case_timeout) + 2 * RANK_GRACE_S + 60 if watched else 1800.0
+    device, device_group, cpu_group = init_ranks(args.device, pg_timeout)
     agree = Agreement(cpu_group)
     rank = agree.rank
+    wd = watchdog or Watchdog()
+    grace = RANK_GRACE_S if rank else 0.0
+
+    def limit(seconds: float) -> float:
+        """A phase's watchdog limit on this rank (0: not watched)."""
+        return seconds + grace if seconds > 0 else 0.0
+
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
     run_seed = int(agree.value(seed))
     if device.type == "cuda":
@@ -321,68 +539,130 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int) -> int:
     done = set()
     if args.resume and rank == 0 and args.out.exists():
         done = finished_keys(read_runs([args.out]))
-    done = set(agree.gather(sorted(done))[0])
+    done = {tuple(k) for k in agree.gather(sorted(done))[0]}
     writer = None
+    write_lock = threading.Lock()
     run_id = new_run_id()
     if rank == 0:
         env = environment(info)
         if device.type == "cuda":
             env["device"]["count"] = world
-        settings = {"world": world, "mode": args.mode, "run_seed": run_seed, "quick": args.quick}
+        settings = {
+            "world": world,
+            "mode": args.mode,
+            "run_seed": run_seed,
+            "quick": args.quick,
+            "case_timeout_s": args.case_timeout,
+            "setup_timeout_s": args.setup_timeout,
+        }
         writer = ResultsWriter(args.out)
         writer.write(
             environment_record(run_id, **env, gpus=blocks, settings=settings, command=["torchrun", *sys.argv])
         )
     counts: dict[str, int] = {}
+
+    def emit(case: Any, block: dict[str, Any], fields: dict[str, Any]) -> None:
+        """Rank 0 writes the case's record (the watchdog thread too, hence the lock)."""
+        fields = dict(fields)
+        status = fields.pop("status")
+        counts[status] = counts.get(status, 0) + 1
+        if writer is None:
+            return
+        rec = result_record(
+            run_id, status, case_id=case.id, **case.to_json(), backend=block, world=world, **fields
+        )
+        if write_lock.acquire(timeout=10):
+            try:
+                writer.write(rec)
+            finally:
+                write_lock.release()
+        print(_line(case, block["name"], status, fields), flush=True)
+
+    def timed_out(cases: list[Any], block: dict[str, Any], what: str, limit: float) -> Callable[[], None]:
+        def record() -> None:
+            why = (
+                f"timed out: {what} did not end within {limit:.0f} s (a rank hung in a collective or a "
+                "kernel); the run was ended here"
+            )
+            for c in cases:
+                emit(c, block, {"status": "error", "reason": why})
+
+        return record
+
     stranded: list[Any] = []  # setups never closed (kept alive: their __del__ may close collectively)
+    poisoned: str | None = None
+    completed = False
     try:
-        for plan in plans:
+        for plan, backend in ordered(plans):
             adapter = get_adapter(plan.kernel)
-            max_tokens = max((int(c.dims["T"]) for c in plan.cases), default=1)
-            for backend in plan.backends:
-                cases = [c for c in plan.cases if (c.id, backend.name) not in done]
-                if not cases:
-                    continue
-                ctx = RankContext(
-                    rank, world, device, device_group, cpu_group, max_tokens, int(cases[0].dims["H"])
-                )
-                setup, block, why = None, {"name": backend.name}, backend.requires.reason_unmet(info)
-                if why is None:
-                    try:
-                        resolved = resolve(backend)
-                        block = backend_block(backend, resolved)
-                        setup = RANK_SETUPS[(plan.kernel, backend.name)](ctx, resolved.fn)
-                    except Unavailable as e:
-                        why = str(e)
-                    except Exception as e:  # noqa: BLE001 - a setup that fails on a rank skips on all
-                        why = f"setup failed: {type(e).__name__}: {e}"
-                reasons = [r for r in agree.gather(why) if r]
-                if reasons and setup is not None:  # failed on another rank: closing here would start
-                    stranded.append(setup)  # a collective (a barrier) that rank never joins
-                    setup = None
+            cases = [c for c in plan.cases if (c.id, backend.name) not in done]
+            if not cases:
+                continue
+            block: dict[str, Any] = {"name": backend.name}
+            if poisoned:
                 for case in cases:
-                    if reasons:
-                        fields = {"status": "skipped", "reason": reasons[0][:2000]}
-                    else:
-                        fields = run_case(adapter, backend, setup, case, ctx, agree, args, run_seed)
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    status = fields.pop("status")
-                    counts[status] = counts.get(status, 0) + 1
-                    if writer is not None:
-                        ident = case.to_json()
-                        rec = result_record(
-                            run_id, status, case_id=case.id, **ident, backend=block, world=world, **fields
+                    emit(case, block, {"status": "error", "reason": f"not run: {poisoned}"[:2000]})
+                continue
+            max_tokens = max(int(c.dims["T"]) for c in cases)
+            ctx = RankContext(
+                rank, world, device, device_group, cpu_group, max_tokens, int(cases[0].dims["H"])
+            )
+            what = f"the set-up of {plan.kernel} · {backend.name}"
+            wd.arm(limit(args.setup_timeout), what, timed_out(cases, block, what, args.setup_timeout))
+            setup, why = None, backend.requires.reason_unmet(info)
+            if why is None:
+                try:
+                    resolved = resolve(backend)
+                    block = backend_block(backend, resolved)
+                    setup = RANK_SETUPS[(plan.kernel, backend.name)](ctx, resolved.fn)
+                except Unavailable as e:
+                    why = str(e)
+                except Exception as e:  # noqa: BLE001 - a setup that fails on a rank skips on all
+                    why = f"setup failed: {_failure(e)}"
+            reasons = [r for r in agree.gather(why) if r]
+            wd.disarm()
+            if reasons and setup is not None:  # failed on another rank: closing here would start
+                stranded.append(setup)  # a collective (a barrier) that rank never joins
+                setup = None
+            for case in cases:
+                if reasons:
+                    fields = {"status": "skipped", "reason": reasons[0][:2000]}
+                elif poisoned:
+                    fields = {"status": "error", "reason": f"not run: {poisoned}"[:2000]}
+                else:
+                    what = f"{case.id} · {backend.name}"
+                    wd.arm(limit(args.case_timeout), what, timed_out([case], block, what, args.case_timeout))
+                    fields = run_case(adapter, backend, setup, case, ctx, agree, args, run_seed)
+                    wd.disarm()
+                    if fields.pop("poisoned", False):
+                        poisoned = (
+                            f"{case.id} · {backend.name} poisoned the CUDA context ({fields['reason']})"
                         )
-                        writer.write(rec)
-                        print(_line(case, backend.name, status, fields), flush=True)
-                if setup is not None:
+                    elif device.type == "cuda":
+                        torch.cuda.empty_cache()
+                emit(case, block, fields)
+            if setup is not None and poisoned:
+                stranded.append(setup)  # a broken context: closing could hang
+            elif setup is not None:
+                wd.arm(limit(args.case_timeout), f"closing {backend.name}")
+                try:
                     setup.close()
+                except Exception as e:  # noqa: BLE001 - the next backend may still run
+                    print(f"comm_bench.py: closing {backend.name} failed: {_failure(e)}", file=sys.stderr)
+                wd.disarm()
+        completed = True
     finally:
+        # everything is on disk: a teardown that hangs (NCCL) ends the process, with success if the run was
+        wd.arm(TEARDOWN_S + grace, "the end of the run", code=0 if completed else EXIT_HUNG)
         if writer is not None:
-            writer.close()
-        dist.barrier(group=cpu_group)
-        dist.destroy_process_group()
+            with write_lock:
+                writer.close()
+        try:
+            dist.barrier(group=cpu_group)
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - the results are written; say so and end
+            print(f"comm_bench.py: teardown: {_failure(e)}", file=sys.stderr, flush=True)
+        wd.disarm()
     if rank == 0:
         print(", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" -> {args.out}")
     return 0
@@ -395,5 +675,156 @@ def _line(case: Any, backend: str, status: str, fields: dict[str, Any]) -> str:
     return f"{case.id:55} {backend:24} {status}: {str(fields.get('reason', ''))[:100]}"
 
 
+# -- driver mode -----------------------------------------------------------------------------------------
+
+# JIT builds the later backends need, started by the driver in the background while the first backends
+# run (minutes on a fresh machine: FlashInfer's trtllm_comm, sglang's all-reduce modules). The builds
+# are the ones the ranks would make (same sources, flags and arch) and are file-locked: a rank that
+# needs a module still being built waits for it. A failure here only costs the head start.
+PRECOMPILE = {
+    "sglang_jit": """
+import torch
+from sglang.jit_kernel import all_reduce as ar
+ar._init_communicator()
+ar._init_ipc_manager()
+ar.get_all_reduce_module(torch.bfloat16, {world})
+""",
+    "flashinfer": """
+from flashinfer.comm.trtllm_ar import get_trtllm_comm_module
+get_trtllm_comm_module()
+""",
+    "nccl+fused_add_rmsnorm": """
+import torch
+from flashinfer.norm import fused_add_rmsnorm
+x = torch.randn(1, 7168, device="cuda", dtype=torch.bfloat16)
+fused_add_rmsnorm(x, x.clone(), torch.ones(7168, device="cuda", dtype=torch.bfloat16), 1e-6)
+torch.cuda.synchronize()
+""",
+}
+
+
+def start_precompile(backends: list[str], world: int) -> list[tuple[str, subprocess.Popen, Any]]:
+    """One background process per JIT build the planned backends need (GPU runs only). Their output
+    goes to files: a full pipe would stall a build that a rank then waits for."""
+    procs = []
+    for name in backends:
+        code = PRECOMPILE.get(name)
+        if code is None:
+            continue
+        log = tempfile.TemporaryFile(mode="w+")
+        cmd = [sys.executable, "-c", code.format(world=world)]
+        procs.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        print(f"comm_bench.py: building {name}'s JIT modules in the background", flush=True)
+    return procs
+
+
+def stop_precompile(procs: list[tuple[str, subprocess.Popen, Any]]) -> None:
+    for name, proc, log in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.returncode not in (0, -signal.SIGKILL):
+            log.seek(0)
+            tail = log.read().strip().splitlines()[-1:] or [""]
+            print(
+                f"comm_bench.py: background JIT build for {name} failed ({proc.returncode}): {tail[0]}",
+                flush=True,
+            )
+        log.close()
+
+
+def child_args(args: argparse.Namespace) -> list[str]:
+    """The options every per-backend torchrun gets (the driver adds --kernel and --backend)."""
+    out = ["--out", str(args.out), "--mode", args.mode, "--device", args.device]
+    out += ["--case-timeout", str(args.case_timeout), "--setup-timeout", str(args.setup_timeout)]
+    if args.quick:
+        out.append("--quick")
+    for phase in args.sweep or ():
+        out += ["--sweep", phase]
+    if args.tokens:
+        out += ["--tokens", ",".join(str(t) for t in args.tokens)]
+    if args.seed is not None:
+        out += ["--seed", str(args.seed)]
+    if args.budget is not None:
+        out += ["--budget", str(args.budget)]
+    if args.resume:
+        out.append("--resume")
+    return out
+
+
+def run_child(cmd: list[str], limit: float | None, grace: float = 45.0) -> int:
+    """Run one torchrun; past `limit` seconds SIGTERM it (it stops its ranks), then SIGKILL."""
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        print(f"comm_bench.py: the torchrun ran past {limit:.0f} s: stopping it", file=sys.stderr, flush=True)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return EXIT_HUNG
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        raise
+
+
+def drive(args: argparse.Namespace) -> int:
+    """One torchrun of args.nproc processes per (kernel, backend), in BACKEND_ORDER; each appends its own
+    run to --out. A backend that hangs or kills its ranks loses only its own cases."""
+    n = args.nproc
+    if n < 2:
+        print("comm_bench.py: --nproc needs at least 2 processes", file=sys.stderr)
+        return EXIT_USAGE
+    if args.out is None:
+        print("comm_bench.py: --out is required", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        plans = make_plan(args, n)
+    except ValueError as e:
+        print(f"comm_bench.py: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    script = str(Path(__file__).resolve())
+    common = child_args(args)
+    ended: list[tuple[str, str, int, float]] = []
+    names = [b.name for p, b in ordered(plans) if p.cases]
+    builds = start_precompile(names, n) if args.device == "cuda" and not args.no_precompile else []
+    try:
+        for plan, backend in ordered(plans):
+            if not plan.cases:
+                continue
+            ended.append(drive_one(args, plan, backend, script, common))
+    finally:
+        stop_precompile(builds)
+    for kernel, name, rc, wall in ended:
+        print(f"comm_bench.py: {kernel} · {name}: exit code {rc} after {wall:.0f} s", flush=True)
+    return 0 if all(rc == 0 for *_k, rc, _w in ended) else 1
+
+
+def drive_one(
+    args: argparse.Namespace, plan: Plan, backend: Any, script: str, common: list[str]
+) -> tuple[str, str, int, float]:
+    """One (kernel, backend) in its own torchrun: (kernel, backend, exit code, seconds)."""
+    n = args.nproc
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+    cmd += [script, *common, "--kernel", plan.kernel, "--backend", backend.name]
+    watched = args.setup_timeout > 0 and args.case_timeout > 0
+    limit = args.setup_timeout + len(plan.cases) * args.case_timeout + 2 * TEARDOWN_S + 60
+    print(
+        f"comm_bench.py: {plan.kernel} · {backend.name}: {len(plan.cases)} cases, torchrun x{n}",
+        flush=True,
+    )
+    t0 = time.monotonic()
+    rc = run_child(cmd, limit if watched else None)
+    return plan.kernel, backend.name, rc, time.monotonic() - t0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # no interpreter teardown: finalizers of sglang/flashinfer objects may start collectives on a
+    # destroyed group, and NCCL/gloo threads can hang or abort an exit that is already complete
+    os._exit(code)

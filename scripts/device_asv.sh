@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# asv on the GPU box at two real commits, then `asv publish`, and the wall-clock cost of asv against
+# `dskbench run` over the same cases.
+#   bash scripts/device_asv.sh REPO DEST
+# REPO: a git clone with history (device_session.sh clones the carried .devcarry/repo.bundle); its
+# HEAD~1 and HEAD are measured, each checked out so that asv runs that commit's suite and dskbench.
+# The stack comes from the existing interpreter (`-E existing`); asv drops PYTHONPATH, so the bundle's
+# site folder is passed as ASV_PYTHONPATH. DEST receives results/asv, the published site and a log.
+set -uo pipefail
+repo="$(cd "${1:?repo}" && pwd)"
+dest="${2:?dest}"
+mkdir -p "$dest"
+log="$dest/asv.log"
+cd "$repo" || exit 1
+git checkout -q main
+export DSKBENCH_ASV_SWEEP=decode DSKBENCH_ASV_KERNELS=rmsnorm,silu_and_mul DSKBENCH_ASV_QUICK=1
+machine="$(PYTHONPATH="$repo:${GPU_SITE:-}" python3 -m dskbench.asv_machine)"
+echo "machine: $machine" >>"$log"
+for commit in $(git rev-parse main~1 main); do
+    git checkout -q "$commit"
+    t0=$(date +%s.%N)
+    PYTHONPATH="$repo:${GPU_SITE:-}" ASV_PYTHONPATH="$repo:${GPU_SITE:-}" DSKBENCH_GIT_COMMIT="$commit" \
+        asv run --machine "$machine" -E existing:python3 --set-commit-hash "$commit" --show-stderr >>"$log" 2>&1
+    echo "asv run $commit rc=$? wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")" | tee -a "$log"
+done
+git checkout -q main
+t0=$(date +%s.%N)
+PYTHONPATH="$repo:${GPU_SITE:-}" python3 -m dskbench run --quick --sweep decode --kernel rmsnorm --kernel silu_and_mul \
+    --out "$dest/same-as-asv.jsonl" >>"$log" 2>&1
+echo "dskbench run (same cases) rc=$? wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")" | tee -a "$log"
+asv publish >>"$log" 2>&1
+echo "asv publish rc=$?" | tee -a "$log"
+cp -r results/asv results/asv-html "$dest/" 2>>"$log"
+cp -r results/asv-jsonl "$dest/" 2>/dev/null
+exit 0
