@@ -282,6 +282,10 @@ def prepare_case(
     del out, ref
     if not chk.ok:
         why = f"relative error {chk.error:.3g} > tolerance {chk.tolerance:.1g}"
+        if chk.error <= chk.tolerance:  # failed on another of the adapter's criteria: say which
+            why = f"check failed: {chk.detail}"
+        elif chk.detail:
+            why += f" ({chk.detail})"
         return {**base, "status": "wrong", "reason": why}, None
     return base, Prepared(adapter, backend, resolved, case, inputs, launch, traffic, dev, seed)
 

@@ -46,7 +46,11 @@ DTYPE = torch.bfloat16
 EPS = 1e-10  # SGLang's default eps for the group quantisers
 GROUP = 128  # DeepSeek's block size
 INT8_MIN, INT8_MAX = -128.0, 127.0
-MAX_MISMATCH = 1e-3  # fraction of codes allowed one step off the emulated cast
+# Fraction of codes allowed exactly one step off the emulated cast. Kernels round x * (qmax / amax)
+# or x / (amax / qmax), in fp32 or with a reciprocal approximation: a tie can land on either neighbour.
+# On an H200 (2026-11-21) sgl_kernel v1, sglang_jit v1 and the Triton kernel differed from the
+# emulation on 0.1-0.2% of the codes of a 7168-wide row, never by more than one step.
+MAX_MISMATCH = 1e-2
 
 
 def _own_op(adapter: Adapter, case: Case) -> bool:
@@ -106,6 +110,13 @@ def check_quant(out: Any, ref: Any, case: Case) -> Check:
     err = rel_error(deq, deq_ref)
     ok = scale_err <= 1e-5 and mismatch <= MAX_MISMATCH and beyond_one_step == 0 and err <= 5e-3
     detail = f"scales:{scale_err:.1e} codes off:{mismatch:.1e} (>1 step: {beyond_one_step}) dequant:{err:.1e}"
+    if not ok:
+        failed = [
+            f"scale error {scale_err:.1e} > 1e-5" if scale_err > 1e-5 else "",
+            f"{mismatch:.1e} of the codes off > {MAX_MISMATCH:g}" if mismatch > MAX_MISMATCH else "",
+            f"{beyond_one_step} codes more than one step off" if beyond_one_step else "",
+        ]
+        detail = "; ".join(f for f in failed if f) + (" — " if any(failed) else "") + detail
     return Check(ok, err, 5e-3, detail)
 
 
