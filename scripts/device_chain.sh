@@ -16,24 +16,8 @@
 # resumable partial file, the others would leave nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."  # .devrun/ -> the tree's root
-root="$PWD"
-out="$root/.devrun/out"
-mkdir -p "$out"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR="$HOME/.triton/cache"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export DSKBENCH_GIT_COMMIT="${DSKBENCH_GIT_COMMIT:-$(cat .devcarry/commit 2>/dev/null)}"
-
-step() {  # step NAME SECONDS command...
-    local name="$1" limit="$2"
-    shift 2
-    local t0=$SECONDS
-    echo "$(date -u +%H:%M:%S) start $name (limit ${limit}s)" >>"$out/steps.log"
-    timeout --kill-after=20 "$limit" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    echo "$(date -u +%H:%M:%S) end   $name rc=$rc wall_s=$((SECONDS - t0))" >>"$out/steps.log"
-    return $rc
-}
+# shellcheck disable=SC1091
+source scripts/device_lib.sh
 
 r2r_kernels=(--kernel fused_add_rmsnorm --kernel silu_and_mul --kernel moe_align_block_size
              --kernel apply_rope_with_cos_sin_cache_inplace --kernel moe_fused_gate --kernel dsv3_fused_a_gemm
