@@ -148,6 +148,12 @@ def test_blockwise_binders_give_kernel_layouts():
     G._bind_deep_gemm(fake, x, c)()
     (_, sa_tma), (w, sw), out = seen["args"]
     assert sa_tma.stride() == (1, 8) and w.shape == (256, 384) and out.shape == (6, 256)
+    G._bind_fi_blockscale_sm90(fake, x, c)()  # sglang's call: BF16 activations, no activation scales
+    (inp, w, in_scale, w_scale), kw = seen["args"], seen["kw"]
+    assert inp.dtype == torch.bfloat16 and inp is x["x"] and in_scale is None and w_scale is x["w_scale"]
+    assert kw["out"].shape == (6, 256) and kw["out_dtype"] == torch.bfloat16
+    fi, other = (a.traffic_for(b, c).bytes for b in ("flashinfer", "sglang_triton"))
+    assert fi - other == 6 * 384 - 4 * 6 * 3  # BF16 activations in (one more byte each), no activation scales
 
 
 def test_bmm_inputs_match_absorbed_mla():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
 import types
 from collections import Counter
 
@@ -298,3 +299,11 @@ def test_calibration_pairs_each_op_and_mode_with_its_reference(sim: Sim, monkeyp
     m = measure(launchers(sim, 1), mode="cold", settings=tuned)
     assert m.launch_gap_us == pytest.approx(cal["cold_us"])
     assert m.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US - 0.4, abs=0.15)  # agrees with "CUPTI"
+
+
+def test_cold_samples_of_long_kernels_take_few_launches(sim: Sim, monkeypatch) -> None:
+    assert [cuda.cold_min_launches(us) for us in (3.0, 125.0, 200.0, 4500.0)] == [16, 16, 10, 1]
+    monkeypatch.setattr(sys.modules[__name__], "KERNEL_US", 3000.0)  # a ms-long attention or GEMM
+    m = measure(launchers(sim, 1), mode="cold", settings=SETTINGS)
+    assert m.launches_per_sample == 1  # 16 [flush, kernel] pairs would be 100 ms per sample
+    assert m.median_us == pytest.approx(3000.0 + COLD_EXTRA_US, rel=0.02)

@@ -228,10 +228,16 @@ def _bind_cutlass_blockwise(fn: Any, inputs: dict[str, Any], case: Case) -> Call
 
 
 def _bind_fi_blockscale_sm90(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    """flashinfer fp8_blockscale_gemm_sm90(input fp8 [M,K], weight [N,K], input_scale [M,K/128], weight_scale)."""
-    a, w, sa, sw = inputs["a"], inputs["w"], inputs["a_scale"], inputs["w_scale"]
-    out = torch.empty(a.shape[0], w.shape[0], dtype=BF16_OUT, device=a.device)
-    return lambda: fn(a, w, input_scale=sa, weight_scale=sw, out=out, out_dtype=BF16_OUT)
+    """flashinfer fp8_blockscale_gemm_sm90(input BF16 [M,K], weight e4m3 [N,K], None, weight_scale
+    [N/128, K/128]) as sglang's `--fp8-gemm-backend flashinfer_deepgemm` calls it: the kernel quantizes
+    the activations itself (1x128 groups), so the reference (dequantized 1x128 FP8 activations) holds.
+
+    Its FP8-input form (input_scale [M, K/128]) is not what sglang runs, and on an H200 (2026-11-21,
+    scripts/probe_fi_blockscale.py) it came out ~20% off the dequantized reference at M >= 4 and
+    unusable at M <= 2, while this BF16-input form was 2.5% off the unquantized product."""
+    x, w, sw = inputs["x"], inputs["w"], inputs["w_scale"]
+    out = torch.empty(x.shape[0], w.shape[0], dtype=BF16_OUT, device=x.device)
+    return lambda: fn(x, w, None, sw, out=out, out_dtype=BF16_OUT)
 
 
 def _bind_triton_blockwise(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
@@ -292,7 +298,7 @@ class Fp8BlockwiseScaledMM(_WhatIfLinear):
             "jit",
             _bind_fi_blockscale_sm90,
             requires=SM90_ONLY,
-            label="--fp8-gemm-backend flashinfer_deepgemm (sglang passes BF16 input; here FP8 + 1x128 scales)",
+            label="--fp8-gemm-backend flashinfer_deepgemm (BF16 activations, quantized in-kernel, as sglang passes them)",
         ),
         Backend(
             "sglang_triton",
@@ -314,7 +320,8 @@ class Fp8BlockwiseScaledMM(_WhatIfLinear):
         w = _randn((n, k), g, device, WEIGHT_STD, torch.bfloat16)
         a, sa = fp8.per_token_group_quant(x)
         wq, sw = fp8.block_quant(w)
-        return {"a": a, "a_scale": sa, "w": wq, "w_scale": sw}
+        # x: the BF16 activations, for backends that quantize them in-kernel (flashinfer's sm90 one)
+        return {"a": a, "a_scale": sa, "w": wq, "w_scale": sw, "x": x}
 
     def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
         a = fp8.dequant_per_token_group(inputs["a"], inputs["a_scale"])
@@ -326,6 +333,18 @@ class Fp8BlockwiseScaledMM(_WhatIfLinear):
         scales = 4 * m * (k // fp8.GROUP) + 4 * math.ceil(n / fp8.GROUP) * math.ceil(k / fp8.GROUP)
         nbytes = m * k + weight_bytes(k, n, "fp8") + scales + m * n * OUT_BYTES["bf16"]
         return Traffic(nbytes, gemm_flops(m, n, k), self._note(case))
+
+    def traffic_for(self, backend: str, case: Case) -> Traffic:
+        if backend != "flashinfer":
+            return self.traffic(case)
+        m, n, k = _mnk(case)  # BF16 activations in, no activation scales
+        nbytes = (
+            2 * m * k + weight_bytes(k, n, "fp8") + 4 * math.ceil(n / fp8.GROUP) * math.ceil(k / fp8.GROUP)
+        )
+        nbytes += m * n * OUT_BYTES["bf16"]
+        return Traffic(
+            nbytes, gemm_flops(m, n, k), self._note(case) + "; BF16 activations, quantized in-kernel"
+        )
 
 
 # -- QServe W4A8 ---------------------------------------------------------------------------------------

@@ -45,6 +45,10 @@ from dskbench.measure.settings import Measurement, MeasureSettings
 
 CALIBRATION_LAUNCHES = 8  # launches in the first (calibration) graph, rounded to the number of sets
 COLD_MIN_LAUNCHES = 16  # cold graphs: at least this many [flush, launch] pairs, to average flush noise
+# ...unless the pairs last this long anyway: a 4 ms attention kernel needs no 16 launches per sample to
+# drown ~1 us of flush jitter (on an H200 sweep, 2026-11-21, 16-launch cold samples of ms-long kernels
+# made 10% of the cases take half the sweep's measuring time).
+COLD_MIN_SPAN_US = 2000.0
 MAX_REPLAYS_PER_BATCH = 64
 MAX_EAGER_COLD_BATCH = 32  # launches per eager batch: each is ~4 queue entries (flush, 2 events, kernel)
 MAX_EAGER_HOT_LAUNCHES = 128  # launches queued per eager hot batch (the driver queue is finite)
@@ -52,6 +56,13 @@ MAX_SLEEP_US = 50_000.0
 NVML_PERIOD_S = 0.1  # read clocks at most this often while sampling
 
 _flush_buffers: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def cold_min_launches(pair_us: float) -> int:
+    """[flush, kernel] pairs per cold sample: COLD_MIN_LAUNCHES, fewer once they span COLD_MIN_SPAN_US."""
+    if pair_us <= 0:
+        return COLD_MIN_LAUNCHES
+    return max(1, min(COLD_MIN_LAUNCHES, math.ceil(COLD_MIN_SPAN_US / pair_us)))
 _sleep_rate: dict[int, float] = {}  # torch.cuda._sleep cycles per microsecond
 
 
@@ -218,15 +229,20 @@ class GraphTimer(_CudaTimer):
     def prepare(self) -> None:
         s = self.settings
         target, cap = s.replay_target_us, s.max_graph_launches
-        minimum = COLD_MIN_LAUNCHES if self.cold else 1
-        n = launches_for(0.0, 1.0, self.n_sets, cap, minimum=max(CALIBRATION_LAUNCHES, minimum))
+        n = launches_for(0.0, 1.0, self.n_sets, cap, minimum=CALIBRATION_LAUNCHES)
         for _ in range(3):  # calibrate, resize, until a replay lasts between 0.5x and 10x the target
             self._build(n)
             total, flush = self._per_launch()
+            minimum = cold_min_launches(total) if self.cold else 1
             want = launches_for(target, total, self.n_sets, cap, minimum)
+            if n < minimum:  # too few pairs to average the flush: resize whatever the replay length
+                n = want
+                continue
             if want == n or 0.5 * target <= n * total <= 10 * target:
                 break
             n = want
+        if n != self.n:  # the last resize was not built yet
+            self._build(n)
         self.launches_per_sample = self.n
         pair_us = self.n * (total + flush)
         self.replays = max(1, min(MAX_REPLAYS_PER_BATCH, math.ceil(s.batch_target_ms * 1000 / pair_us)))
