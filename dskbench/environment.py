@@ -48,9 +48,12 @@ def git_state() -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     state = {"commit": commit, "dirty": bool(status) if status is not None else None}
-    if commit is None and os.environ.get("DSKBENCH_GIT_COMMIT"):
-        # no usable git where this runs (a copied tree): the launcher says which commit it copied
-        state.update(commit=os.environ["DSKBENCH_GIT_COMMIT"], source="DSKBENCH_GIT_COMMIT")
+    given = os.environ.get("DSKBENCH_GIT_COMMIT")
+    if given and given != commit:
+        # A launcher that copied the tree knows its commit better than the copy's git: on the lent GPU
+        # box (2026-11-21) the copy's .git still pointed at the session's first commit, so every
+        # later tree read as that commit, "dirty". Keep what git said, next to it.
+        state = {"commit": given, "dirty": None, "source": "DSKBENCH_GIT_COMMIT", "git_said": state}
     return state
 
 

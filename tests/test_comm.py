@@ -563,3 +563,22 @@ def test_fusion_needs_peer_access_on_every_rank_first():
     assert votes == [True, False, True]  # every rank votes before any of them gives up
     cpu = RankContext(0, 2, torch.device("cpu"), None, None, 1, 7168)
     _need_peer_access(cpu, can_access=lambda a, b: False, all_ranks=all_ranks)  # gloo runs: no check
+
+
+def test_comm_bench_eight_gloo_ranks_run_the_tp8_path(tmp_path):
+    """TP=8 (issue 8: no 8-GPU machine is lent) through the same code with 8 CPU ranks: the plan,
+    the rank agreement, NCCL's stand-in all-reduce checked on every rank, and the bus-bandwidth
+    factor 2(n-1)/n with n = 8."""
+    out = tmp_path / "comm8.jsonl"
+    args = ["--device", "cpu", "--tokens", "4", "--sweep", "decode", "--budget", "0.02", "--seed", "5"]
+    args += ["--kernel", "custom_all_reduce", "--backend", "nccl"]
+    done = _ranks([sys.executable, str(SCRIPT), *args, "--out", str(out)], n=8, timeout=300)
+    for d in done:
+        assert d.returncode == 0, d.stderr[-3000:]
+    (run,) = read_runs([out])
+    assert len(run.environment["gpus"]) == 8 and run.environment["settings"]["world"] == 8
+    (rec,) = run.results
+    assert rec["case_id"] == "custom_all_reduce/all_reduce/decode/T=4,tp=8" and rec["status"] == "ok"
+    assert rec["world"] == 8 and len(rec["ranks"]) == 8 and rec["check"]["error"] < 1e-2
+    m = rec["metrics"]
+    assert m["busbw_gbps"] == pytest.approx(m["algbw_gbps"] * 2 * 7 / 8)

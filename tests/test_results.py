@@ -103,7 +103,18 @@ def test_git_state_records_the_commit_and_a_launcher_given_one(monkeypatch):
     assert state["commit"] and len(state["commit"]) == 40  # this checkout's HEAD
     monkeypatch.setenv("DSKBENCH_GIT_COMMIT", "0123abc")
     with mock.patch.object(env.subprocess, "run", side_effect=OSError("no git here")):
-        assert env.git_state() == {"commit": "0123abc", "dirty": None, "source": "DSKBENCH_GIT_COMMIT"}
+        got = env.git_state()
+    assert got == {
+        "commit": "0123abc",
+        "dirty": None,
+        "source": "DSKBENCH_GIT_COMMIT",
+        "git_said": {"commit": None, "dirty": None},
+    }
+    # a copied tree whose .git is stale: the launcher's commit wins, git's answer is kept beside it
+    got = env.git_state()
+    assert got["commit"] == "0123abc" and got["git_said"]["commit"] == state["commit"]
+    monkeypatch.setenv("DSKBENCH_GIT_COMMIT", state["commit"])  # the same commit: git's own record
+    assert env.git_state()["commit"] == state["commit"] and "source" not in env.git_state()
 
 
 def test_gzipped_results_read_like_plain_ones_and_are_never_appended_to(tmp_path):

@@ -63,6 +63,8 @@ def cold_min_launches(pair_us: float) -> int:
     if pair_us <= 0:
         return COLD_MIN_LAUNCHES
     return max(1, min(COLD_MIN_LAUNCHES, math.ceil(COLD_MIN_SPAN_US / pair_us)))
+
+
 _sleep_rate: dict[int, float] = {}  # torch.cuda._sleep cycles per microsecond
 
 
