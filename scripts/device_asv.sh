@@ -37,6 +37,7 @@ done
 git checkout -q main
 asv publish >>"$log" 2>&1
 echo "asv publish rc=$?" | tee -a "$log"
+PYTHONPATH="$repo:${GPU_SITE:-}" python3 -m dskbench.asv_offline results/asv-html >>"$log" 2>&1  # no CDN on the box
 cp -r results/asv results/asv-html "$dest/" 2>>"$log"
 cp -r results/asv-jsonl "$dest/" 2>/dev/null
 exit 0

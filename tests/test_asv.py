@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -286,3 +287,27 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert (tmp_path / "html" / "index.json").is_file()
     assert os.path.isdir(tmp_path / "html" / "graphs")
+    # ...and the site works offline: every CDN script/stylesheet asv names has a vendored copy
+    from dskbench.asv_offline import main as offline
+
+    assert offline([str(tmp_path / "html")]) == 0
+    page = (tmp_path / "html" / "index.html").read_text()
+    assert not re.search(r'<(script|link)[^>]*(src|href)="https?://', page)
+    assert 'src="vendor/jquery-3.3.1.min.js"' in page and "integrity=" not in page
+    assert (tmp_path / "html" / "vendor" / "jquery.flot-0.8.3.js").is_file()
+
+
+def test_asv_offline_leaves_unknown_resources_and_says_so(tmp_path, capsys):
+    from dskbench.asv_offline import main as offline
+
+    assert offline([str(tmp_path)]) == 2  # nothing published there
+    assert "run `asv publish` first" in capsys.readouterr().err
+    (tmp_path / "index.html").write_text(
+        '<script src="https://code.jquery.com/jquery-3.3.1.min.js" integrity="sha384-x" crossorigin="anonymous">'
+        '</script><script src="https://cdn.example/new.js"></script><a href="https://github.com/x">x</a>'
+    )
+    assert offline([str(tmp_path)]) == 1  # a resource without a copy: the site still needs network
+    page = (tmp_path / "index.html").read_text()
+    assert '<script src="vendor/jquery-3.3.1.min.js">' in page
+    assert 'src="https://cdn.example/new.js"' in page and 'href="https://github.com/x"' in page
+    assert "(no vendored copy): https://cdn.example/new.js" in capsys.readouterr().err
