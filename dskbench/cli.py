@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--mode", choices=("cold", "hot", "rotate"), default="cold", help="L2 state (default cold)"
     )
+    run.add_argument(
+        "--flush",
+        choices=("write", "read"),
+        default="write",
+        help="how cold mode flushes L2: zero_ a 2xL2 buffer (default) or read it (experiment)",
+    )
     run.add_argument("--seed", type=int, help="input seed (default: fresh inputs every run)")
     run.add_argument("--budget", type=float, help="time budget per case, seconds")
     run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
@@ -217,6 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile=profile,
         tp=args.tp,
         mode=args.mode,
+        flush=args.flush,
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),

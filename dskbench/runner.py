@@ -86,6 +86,7 @@ class SweepOptions:
     profile: str = "full"  # full | quick | cpu
     tp: tuple[int, ...] = (1,)
     mode: str = "cold"
+    flush: str = "write"  # cold mode's L2 flush: "write" (zero_) or "read" (MeasureSettings.flush_kind)
     seed: int | None = None  # None: fresh inputs every run
     isolate: bool = True
     budget_s: float | None = None  # per-case time budget override
@@ -353,6 +354,8 @@ def measure_settings(opts: SweepOptions) -> Any:
         settings = dataclasses.replace(settings, warmup_launches=1, min_samples=1, min_time_s=0.0)
     if opts.budget_s is not None:
         settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
+    if opts.flush != settings.flush_kind:
+        settings = dataclasses.replace(settings, flush_kind=opts.flush)
     return settings
 
 

@@ -102,11 +102,20 @@ class FakeGraph:
 
 
 class FakeFlushBuffer:
+    device = "cpu"
+
     def __init__(self, sim: Sim) -> None:
         self.sim = sim
+        self.kinds: list[str] = []
 
     def zero_(self) -> None:
         self.sim.host += 2.0
+        self.kinds.append("write")
+        self.sim.enqueue(("flush",))
+
+    def read(self) -> None:  # what torch.sum(buf, dim=0, out=sink) does to it
+        self.sim.host += 2.0
+        self.kinds.append("read")
         self.sim.enqueue(("flush",))
 
 
@@ -144,7 +153,16 @@ def sim(monkeypatch) -> Sim:
     monkeypatch.setattr(tc, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(tc, "current_device", lambda: 0)
     monkeypatch.setattr(tc, "get_device_properties", lambda i: types.SimpleNamespace(L2_cache_size=50 << 20))
-    monkeypatch.setattr(cuda, "flush_buffer", lambda index, nbytes: FakeFlushBuffer(s))
+    s.flush_buf = FakeFlushBuffer(s)
+    monkeypatch.setattr(cuda, "flush_buffer", lambda index, nbytes: s.flush_buf)
+    real_sum = torch.sum
+
+    def fake_sum(x, *a, **kw):
+        if isinstance(x, FakeFlushBuffer):
+            return x.read()
+        return real_sum(x, *a, **kw)
+
+    monkeypatch.setattr(torch, "sum", fake_sum)
     monkeypatch.setattr(cuda, "_sleep_rate", {})
     monkeypatch.setattr(cuda, "time", FakeTime(s))
     monkeypatch.setattr(cuda.nvml, "read_clocks", lambda index=0, lib=None: None)
@@ -307,3 +325,13 @@ def test_cold_samples_of_long_kernels_take_few_launches(sim: Sim, monkeypatch) -
     m = measure(launchers(sim, 1), mode="cold", settings=SETTINGS)
     assert m.launches_per_sample == 1  # 16 [flush, kernel] pairs would be 100 ms per sample
     assert m.median_us == pytest.approx(3000.0 + COLD_EXTRA_US, rel=0.02)
+
+
+def test_a_read_flush_replaces_the_write_and_is_recorded(sim: Sim) -> None:
+    m = measure(launchers(sim, 1), mode="cold", settings=SETTINGS.with_(flush_kind="read"))
+    assert set(sim.flush_buf.kinds) == {"read"} and m.flush_kind == "read"
+    assert m.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US, rel=0.05)  # still cold, flush excluded
+    with pytest.raises(ValueError, match="flush_kind 'evict'"):
+        measure(launchers(sim, 1), mode="cold", settings=SETTINGS.with_(flush_kind="evict"))
+    hot = measure(launchers(sim, 1), mode="hot", settings=SETTINGS)
+    assert hot.flush_kind is None

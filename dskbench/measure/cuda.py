@@ -126,6 +126,7 @@ class _CudaTimer:
         self.settings = settings
         self.index = index
         self.flush_buf = flush_buf
+        self._flush_sink: torch.Tensor | None = None
         self.rate = sleep_rate(index)
         self.lead_us = 100.0  # GPU sleep ahead of each batch
         self.launches_per_sample = 1
@@ -143,7 +144,14 @@ class _CudaTimer:
 
     def _flush(self) -> None:
         assert self.flush_buf is not None
-        self.flush_buf.zero_()
+        if self.settings.flush_kind == "read":
+            # Read 2 x L2 into one scalar: L2 is left holding clean lines, so the timed kernel pays
+            # no write-back of the flush's own data (an experiment: see MeasureSettings.flush_kind).
+            if self._flush_sink is None:
+                self._flush_sink = torch.zeros((), dtype=torch.int64, device=self.flush_buf.device)
+            torch.sum(self.flush_buf, dim=0, out=self._flush_sink)
+        else:
+            self.flush_buf.zero_()
 
     def _sleep(self, us: float) -> None:
         torch.cuda._sleep(int(min(us, MAX_SLEEP_US) * self.rate))
@@ -399,6 +407,8 @@ def measure_cuda(
         clocks_before = nvml.read_clocks(index)
         flush_bytes = None
         buf = None
+        if settings.flush_kind not in ("write", "read"):
+            raise ValueError(f"flush_kind {settings.flush_kind!r}: expected 'write' or 'read'")
         if mode == "cold":
             flush_bytes = settings.flush_bytes or 2 * l2_bytes(index)
             buf = flush_buffer(index, flush_bytes)
@@ -444,6 +454,7 @@ def measure_cuda(
         wall_s=time.perf_counter() - t_start,
         flush_us=timer.flush_us,
         flush_bytes=flush_bytes,
+        flush_kind=settings.flush_kind if mode == "cold" else None,
         fallback_reason=reason,
         clocks_before=clocks_before,
         clocks_after=clocks_after,

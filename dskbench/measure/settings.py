@@ -19,6 +19,11 @@ class MeasureSettings:
     replay_target_us: float = 200.0  # one graph replay (or one eager hot sample) lasts at least this
     warmup_launches: int = 10  # eager launches before anything is timed (at least one per input set)
     flush_bytes: int | None = None  # cold-mode flush buffer; None = 2 x the device's L2
+    # "write": zero_ the buffer (what Triton's do_bench does); "read": sum it into a scalar. A written
+    # flush leaves L2 full of dirty lines whose write-back may land in the timed kernel by varying
+    # amounts; whether "read" is steadier run to run on small cold kernels is still to be measured
+    # (H200, 2026-11-21: run-to-run median |delta| 3.8% with "write").
+    flush_kind: str = "write"
     max_graph_launches: int = 1000  # cap on launches captured in one graph (capture time, memory)
     batch_target_ms: float = 20.0  # GPU time queued between two host synchronisations
     # Idle after each batch, as a fraction of the batch's GPU time: keeps average power under what
@@ -72,6 +77,7 @@ class Measurement:
     launch_gap_us: float | None = None  # the per-launch gap subtracted from every sample (None: none)
     flush_us: float | None = None  # cold: median time of one flush (excluded from the samples)
     flush_bytes: int | None = None
+    flush_kind: str | None = None  # cold: "write" or "read" (MeasureSettings.flush_kind)
     fallback_reason: str | None = None  # why the eager method was used, when it was
     clocks_before: dict[str, Any] | None = None
     clocks_after: dict[str, Any] | None = None
