@@ -53,6 +53,10 @@ wait
 step comm 420 python3 scripts/comm_bench.py --nproc 2 --quick --case-timeout 120 --setup-timeout 240 --out "$out/comm-tp2.jsonl"
 
 t_sweep=$SECONDS
+# resume a sweep committed earlier: SWEEP_RESUME_FROM=results/<dir>/sweep-full.jsonl.gz
+if [ -n "${SWEEP_RESUME_FROM:-}" ] && [ ! -s "$out/sweep-full.jsonl" ]; then
+    gzip -dc "$SWEEP_RESUME_FROM" >"$out/sweep-full.jsonl"
+fi
 step sweep "${SWEEP_SECONDS:-720}" python3 -m dskbench run --gpus 2 --resume --out "$out/sweep-full.jsonl"
 if [ "$(wc -l <"$out/sweep-full.jsonl" 2>/dev/null || echo 0)" -lt 50 ]; then
     # --gpus 2 failed early (first run of the sharding code on GPUs): shard by hand instead, half the
