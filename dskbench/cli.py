@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="write",
         help="how cold mode flushes L2: zero_ a 2xL2 buffer (default) or read it (experiment)",
     )
+    run.add_argument(
+        "--no-dedupe",
+        action="store_true",
+        help="measure every op's case, also where another op has the same kernel, backend and shape",
+    )
     run.add_argument("--seed", type=int, help="input seed (default: fresh inputs every run)")
     run.add_argument("--budget", type=float, help="time budget per case, seconds")
     run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
@@ -224,6 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tp=args.tp,
         mode=args.mode,
         flush=args.flush,
+        dedupe=not args.no_dedupe,
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),

@@ -91,6 +91,7 @@ class SweepOptions:
     isolate: bool = True
     budget_s: float | None = None  # per-case time budget override
     measure_ceilings: bool = True
+    dedupe: bool = True  # measure a (kernel, backend, dims, variant) once; its other ops' records copy it
     gpus: int = 1  # >1: shard the items over this many GPUs, one worker process each (dskbench/shard.py)
     host_gpus: int | None = None  # GPUs of the host when a worker sees only its own (multi-GPU gating)
 
@@ -439,12 +440,39 @@ class SweepSummary:
         return f"{self.items} cases: {parts} in {self.wall_s:.1f} s -> {self.out}"
 
 
+def dedupe_items(items: list[WorkItem]) -> tuple[list[WorkItem], dict[int, list[WorkItem]]]:
+    """Items to run, and for each of them (by index) the items that launch the same kernel with the same
+    inputs: another op of the same shape (input_layernorm and post_attention_layernorm are both
+    [T, 7168]), or decode and prefill at the same T. On the 2026-11-21 plan, 15% of the runnable items.
+    Their records are copies of the measured one, marked `shared_with` (Recorder)."""
+    first: dict[tuple[str, str, str, str], WorkItem] = {}
+    run: list[WorkItem] = []
+    copies: dict[int, list[WorkItem]] = {}
+    for it in items:
+        c = it.case
+        key = (it.kernel, it.backend, json.dumps(c["dims"], sort_keys=True), json.dumps(c.get("variant")))
+        primary = first.get(key)
+        if primary is None:
+            first[key] = it
+            run.append(it)
+        else:
+            copies.setdefault(primary.index, []).append(it)
+    return run, copies
+
+
 class Recorder:
     """The one writer of a sweep's result records: thread-safe, so that the workers of several GPUs
     (dskbench/shard.py) record through it as their cases finish. Counts statuses and reports progress."""
 
-    def __init__(self, writer: ResultsWriter, run_id: str, progress: Any = None):
+    def __init__(
+        self,
+        writer: ResultsWriter,
+        run_id: str,
+        progress: Any = None,
+        copies: dict[int, list[WorkItem]] | None = None,
+    ):
         self.writer, self.run_id, self.progress = writer, run_id, progress
+        self.copies = copies or {}  # item index -> items whose records copy its result (dedupe_items)
         self.counts: Counter = Counter()
         self.closed = False  # set once the sweep ends (an interrupted shard may still report)
         self._lock = threading.Lock()
@@ -466,6 +494,14 @@ class Recorder:
             self.counts[status] += 1
             if self.progress:
                 self.progress(item, status, fields)
+            for twin in self.copies.get(item.index, ()):
+                ident = twin.identity()
+                same = {k: ident[k] for k in ("case_id", "op", "variant", "phase", "point", "dims")}
+                copy = {**fields, **same, "shared_with": item.case_id}
+                self.writer.write(result_record(self.run_id, status, index=twin.index, **copy))
+                self.counts[status] += 1
+                if self.progress:
+                    self.progress(twin, status, copy)
 
 
 def run_sweep(
@@ -486,6 +522,7 @@ def run_sweep(
     run_id = new_run_id()
     run_seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
     env = environment(device)
+    to_run, copies = dedupe_items(items) if opts.dedupe else (items, {})
     ceilings = None
     if device.kind == "cuda" and opts.measure_ceilings and items:
         from dskbench.measure import measure_ceilings
@@ -499,17 +536,25 @@ def run_sweep(
                 run_id,
                 **env,
                 ceilings=ceilings,
-                settings={**dataclasses.asdict(opts), "run_seed": run_seed, "items": len(items)},
+                settings={
+                    **dataclasses.asdict(opts),
+                    "run_seed": run_seed,
+                    "items": len(items),
+                    "copied_items": sum(len(c) for c in copies.values()),  # records copying a twin's
+                },
                 command=sys.argv,
             )
         )
-        record = Recorder(w, run_id, progress)
+        record = Recorder(w, run_id, progress, copies)
         for s in skips:
             record.skip(s)
         if opts.isolate:
-            _run_isolated(items, device, opts, run_seed, ceilings, record)
+            local = [
+                dataclasses.replace(it, index=j) for j, it in enumerate(to_run)
+            ]  # the worker's numbering
+            _run_isolated(local, device, opts, run_seed, ceilings, lambda it, f: record(to_run[it.index], f))
         else:
-            for item in items:
+            for item in to_run:
                 record(item, run_one(item, device, opts, run_seed, ceilings))
         record.closed = True
     return SweepSummary(out, record.counts, time.monotonic() - t0, len(items) + len(skips))

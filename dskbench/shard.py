@@ -49,6 +49,7 @@ from dskbench.runner import (
     SweepSummary,
     WorkItem,
     _one_worker,
+    dedupe_items,
     measure_settings,
     multi_gpu_reason,
     write_plan,
@@ -202,6 +203,8 @@ def print_shards(items: Sequence[WorkItem], opts: SweepOptions) -> list[list[Wor
     """The cut a sharded sweep would make (for --dry-run): each GPU's kernels, cases and estimate."""
     host = DeviceInfo.detect("cuda")
     budget = measure_settings(opts).max_time_s
+    if opts.dedupe:
+        items = dedupe_items(list(items))[0]
     shards, loads = shard_items(items, opts.gpus, lambda it: item_cost(it, host, budget))
     for g, (s, load) in enumerate(zip(shards, loads, strict=True)):
         kernels = sorted({it.kernel for it in s})
@@ -287,7 +290,8 @@ def run_sharded(
     check_same_model(probes, tokens)
     gate = host if opts.device == "cuda" else DeviceInfo("cpu")
     budget = measure_settings(opts).max_time_s
-    shards, loads = shard_items(items, n, lambda it: item_cost(it, gate, budget))
+    to_run, copies = dedupe_items(items) if opts.dedupe else (items, {})
+    shards, loads = shard_items(to_run, n, lambda it: item_cost(it, gate, budget))
     run_id = new_run_id()
     run_seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
     env = environment(DeviceInfo("cpu"))  # host, versions, git; the parent opens no CUDA context
@@ -306,6 +310,7 @@ def run_sharded(
         **dataclasses.asdict(opts),
         "run_seed": run_seed,
         "items": len(items),
+        "copied_items": sum(len(c) for c in copies.values()),
         "shards": [len(s) for s in shards],
         "shard_estimate_s": loads,
     }
@@ -315,7 +320,7 @@ def run_sharded(
                 run_id, **env, ceilings=probes[0]["ceilings"], settings=settings, command=sys.argv
             )
         )
-        record = Recorder(w, run_id, progress)
+        record = Recorder(w, run_id, progress, copies)
         for s in skips:
             record.skip(s)
         stop = threading.Event()

@@ -156,3 +156,28 @@ def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
     assert len(calls) == 1  # ...but every _FREE_EVERY-th item collects anyway
     runner._free(cpu, force=True)
     assert len(calls) == 2  # an error or a wrong result always cleans up
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_ops_of_one_shape_are_measured_once_and_recorded_for_each(tmp_path, registry, isolate):
+    registry["fake_ok"].op_names = ["input_layernorm", "post_attention_layernorm"]  # both [T, 7168]
+    items, skips = plan_sweep(registry, default_shapes(), ["fake_ok", "fake_wrong"], ["fake"], _opts())
+    assert len(items) == 2 * N + N
+    out = tmp_path / "r.jsonl"
+    seen = []
+    summary = run_sweep(
+        items, skips, _opts(isolate=isolate), out, progress=lambda it, st, f: seen.append(it.index)
+    )
+    (run,) = read_runs([out])
+    assert sorted(r["index"] for r in run.results) == sorted(seen) == list(range(len(items)))  # every item
+    assert run.environment["settings"]["copied_items"] == N
+    ok = {(r["op"], r["point"]["T"]): r for r in run.results if r["kernel"] == "fake_ok"}
+    for t in DECODE_T:
+        first, twin = ok[("input_layernorm", t)], ok[("post_attention_layernorm", t)]
+        assert "shared_with" not in first and twin["shared_with"] == first["case_id"]
+        assert twin["case_id"].startswith("fake_ok/post_attention_layernorm/") and twin["status"] == "ok"
+        assert twin["timing"] == first["timing"]  # one measurement, two records
+    assert summary.counts["ok"] == 2 * N and summary.counts["wrong"] == N  # one op each: nothing to share
+    again = run_sweep(items, skips, _opts(isolate=isolate, dedupe=False), tmp_path / "all.jsonl")
+    (full,) = read_runs([tmp_path / "all.jsonl"])
+    assert again.counts == summary.counts and not any("shared_with" in r for r in full.results)

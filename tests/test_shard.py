@@ -293,3 +293,33 @@ def test_a_hung_worker_loses_its_case_not_its_gpu(tmp_path, monkeypatch):
     assert all(r["reason"].startswith("timed out: no result within 4 s, the worker was killed") for r in hung)
     assert all(r["status"] == "ok" for r in recs if r["kernel"] == "fake_ok")
     assert summary.counts["ok"] == N and summary.counts["error"] == N
+
+
+def test_sharded_sweep_copies_twins_from_the_gpu_that_measured_them(tmp_path, monkeypatch):
+    registry = {"fake_ok": _entry("fake_ok")}
+    registry["fake_ok"].op_names = ["input_layernorm", "post_attention_layernorm"]  # same [T, 7168]
+    real = DeviceInfo.detect.__func__
+
+    def detect(cls, want: str = "cuda") -> DeviceInfo:
+        return DeviceInfo("cuda", "Fake GPU", 90, 2) if want == "cuda" else real(cls, want)
+
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(detect))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    opts = SweepOptions(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=2
+    )
+    items, skips = plan_sweep(registry, default_shapes(), ["fake_ok"], ["fake"], opts)
+    out = tmp_path / "r.jsonl"
+    run_sweep(items, skips, opts, out)
+    (run,) = read_runs([out])
+    assert sorted(r["index"] for r in run.results) == list(range(len(items)))
+    assert (
+        sum(run.environment["settings"]["shards"]) == N and run.environment["settings"]["copied_items"] == N
+    )
+    by_id = {r["case_id"]: r for r in run.results}
+    twins = [r for r in run.results if "shared_with" in r]
+    assert len(twins) == N
+    for r in twins:
+        first = by_id[r["shared_with"]]
+        assert r["gpu_index"] == first["gpu_index"] and r["timing"] == first["timing"]
