@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 import os
 import subprocess
@@ -549,10 +550,7 @@ def run_sweep(
         for s in skips:
             record.skip(s)
         if opts.isolate:
-            local = [
-                dataclasses.replace(it, index=j) for j, it in enumerate(to_run)
-            ]  # the worker's numbering
-            _run_isolated(local, device, opts, run_seed, ceilings, lambda it, f: record(to_run[it.index], f))
+            _run_isolated(to_run, device, opts, run_seed, ceilings, record)
         else:
             for item in to_run:
                 record(item, run_one(item, device, opts, run_seed, ceilings))
@@ -584,6 +582,7 @@ def run_one(
 
 
 _FREE_EVERY = 32  # items between full clean-ups when nothing forces one
+_freed = itertools.count(1)  # items this process has cleaned up after
 
 
 def _free(device: DeviceInfo, force: bool = False) -> None:
@@ -592,7 +591,7 @@ def _free(device: DeviceInfo, force: bool = False) -> None:
     the caching allocator holds over a third of the GPU; the allocator reuses the rest."""
     import gc
 
-    _free.count = getattr(_free, "count", 0) + 1
+    periodic = next(_freed) % _FREE_EVERY == 0
     cuda = False
     if device.kind == "cuda":
         import torch
@@ -601,7 +600,7 @@ def _free(device: DeviceInfo, force: bool = False) -> None:
     if cuda and not force:
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         force = torch.cuda.memory_reserved() > total / 3
-    if not force and _free.count % _FREE_EVERY:
+    if not (force or periodic):
         return
     gc.collect()
     if cuda:
@@ -609,14 +608,16 @@ def _free(device: DeviceInfo, force: bool = False) -> None:
 
 
 def _run_isolated(items, device, opts, run_seed, ceilings, record) -> None:
-    """Run items in worker subprocesses; a dead worker costs one item, then a new worker resumes."""
+    """Run items in worker subprocesses; a dead worker costs one item, then a new worker resumes.
+    Items keep their plan index in the records; the workers see them numbered 0..n-1."""
     if not items:
         return
+    local = [dataclasses.replace(it, index=j) for j, it in enumerate(items)]
     with tempfile.TemporaryDirectory(prefix="dskbench-") as tmp:
-        plan = write_plan(Path(tmp) / "plan.json", items, opts, run_seed, ceilings)
+        plan = write_plan(Path(tmp) / "plan.json", local, opts, run_seed, ceilings)
         start = 0
-        while start < len(items):
-            start = _one_worker(plan, items, start, record)
+        while start < len(local):
+            start = _one_worker(plan, local, start, lambda it, f: record(items[it.index], f))
 
 
 def write_plan(path: Path, items: list[WorkItem], opts: SweepOptions, run_seed: int, ceilings) -> Path:

@@ -197,6 +197,18 @@ def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
     return plans
 
 
+def plan_or_usage(args: argparse.Namespace, world: int, need_out: bool = True) -> list[Plan] | None:
+    """make_plan, or None after saying why on stderr (the caller exits with EXIT_USAGE)."""
+    if need_out and args.out is None:
+        print("comm_bench.py: --out is required", file=sys.stderr)
+        return None
+    try:
+        return make_plan(args, world)
+    except ValueError as e:
+        print(f"comm_bench.py: {e}", file=sys.stderr)
+        return None
+
+
 def ordered(plans: list[Plan]) -> list[tuple[Plan, Any]]:
     """(plan, backend) pairs in BACKEND_ORDER (then plan order)."""
     pairs = [(p, b) for p in plans for b in p.backends]
@@ -477,22 +489,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if args.out is None:
-        print("comm_bench.py: --out is required", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        plans = make_plan(args, world)
-    except ValueError as e:
-        print(f"comm_bench.py: {e}", file=sys.stderr)
+    plans = plan_or_usage(args, world)
+    if plans is None:
         return EXIT_USAGE
     return run(args, plans, world)
 
 
 def dry_run(args: argparse.Namespace, world: int) -> int:
-    try:
-        plans = make_plan(args, world)
-    except ValueError as e:
-        print(f"comm_bench.py: {e}", file=sys.stderr)
+    plans = plan_or_usage(args, world, need_out=False)
+    if plans is None:
         return EXIT_USAGE
     n = 0
     for p, b in ordered(plans):
@@ -778,13 +783,8 @@ def drive(args: argparse.Namespace) -> int:
     if n < 2:
         print("comm_bench.py: --nproc needs at least 2 processes", file=sys.stderr)
         return EXIT_USAGE
-    if args.out is None:
-        print("comm_bench.py: --out is required", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        plans = make_plan(args, n)
-    except ValueError as e:
-        print(f"comm_bench.py: {e}", file=sys.stderr)
+    plans = plan_or_usage(args, n)
+    if plans is None:
         return EXIT_USAGE
     script = str(Path(__file__).resolve())
     common = child_args(args)

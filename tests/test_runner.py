@@ -141,13 +141,14 @@ def test_resume_skips_finished_cases_and_retries_errors(tmp_path, registry, monk
 
 def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
     import gc
+    import itertools
 
     from dskbench import runner
     from dskbench.backends import DeviceInfo
 
     calls = []
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append(1))
-    monkeypatch.setattr(runner._free, "count", 0, raising=False)
+    monkeypatch.setattr(runner, "_freed", itertools.count(1))
     cpu = DeviceInfo("cpu")
     for _ in range(runner._FREE_EVERY - 1):
         runner._free(cpu)

@@ -147,17 +147,23 @@ def _entry(name: str) -> SimpleNamespace:
     )
 
 
+def _fake_host(monkeypatch, visible: str) -> None:
+    """A host whose CUDA_VISIBLE_DEVICES lists these fake GPUs; workers run the fake adapters."""
+    real = DeviceInfo.detect.__func__
+    count = len(visible.split(","))
+
+    def detect(cls, want: str = "cuda") -> DeviceInfo:
+        return DeviceInfo("cuda", "Fake GPU", 90, count) if want == "cuda" else real(cls, want)
+
+    monkeypatch.setattr(DeviceInfo, "detect", classmethod(detect))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+
+
 def test_sharded_sweep_runs_each_case_once_on_its_gpu(tmp_path, monkeypatch):
     kernels = ["fake_ok", "fake_wrong", "fake_crash", "fake_env"]
     registry = {k: _entry(k) for k in kernels}
-    real = DeviceInfo.detect.__func__
-
-    def detect(cls, want: str = "cuda") -> DeviceInfo:
-        return DeviceInfo("cuda", "Fake GPU", 90, 3) if want == "cuda" else real(cls, want)
-
-    monkeypatch.setattr(DeviceInfo, "detect", classmethod(detect))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7")
-    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    _fake_host(monkeypatch, "5,6,7")
     opts = SweepOptions(
         device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=3
     )
@@ -270,14 +276,7 @@ def test_hang_watch_kills_only_a_late_gpus_worker():
 def test_a_hung_worker_loses_its_case_not_its_gpu(tmp_path, monkeypatch):
     kernels = ["fake_ok", "fake_hang"]
     registry = {k: _entry(k) for k in kernels}
-    real = DeviceInfo.detect.__func__
-
-    def detect(cls, want: str = "cuda") -> DeviceInfo:
-        return DeviceInfo("cuda", "Fake GPU", 90, 2) if want == "cuda" else real(cls, want)
-
-    monkeypatch.setattr(DeviceInfo, "detect", classmethod(detect))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    _fake_host(monkeypatch, "0,1")
     monkeypatch.setenv(shard.CASE_TIMEOUT_ENV, "4")
     opts = SweepOptions(
         device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=2
@@ -298,14 +297,7 @@ def test_a_hung_worker_loses_its_case_not_its_gpu(tmp_path, monkeypatch):
 def test_sharded_sweep_copies_twins_from_the_gpu_that_measured_them(tmp_path, monkeypatch):
     registry = {"fake_ok": _entry("fake_ok")}
     registry["fake_ok"].op_names = ["input_layernorm", "post_attention_layernorm"]  # same [T, 7168]
-    real = DeviceInfo.detect.__func__
-
-    def detect(cls, want: str = "cuda") -> DeviceInfo:
-        return DeviceInfo("cuda", "Fake GPU", 90, 2) if want == "cuda" else real(cls, want)
-
-    monkeypatch.setattr(DeviceInfo, "detect", classmethod(detect))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    _fake_host(monkeypatch, "0,1")
     opts = SweepOptions(
         device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=2
     )

@@ -407,8 +407,6 @@ def measure_cuda(
         clocks_before = nvml.read_clocks(index)
         flush_bytes = None
         buf = None
-        if settings.flush_kind not in ("write", "read"):
-            raise ValueError(f"flush_kind {settings.flush_kind!r}: expected 'write' or 'read'")
         if mode == "cold":
             flush_bytes = settings.flush_bytes or 2 * l2_bytes(index)
             buf = flush_buffer(index, flush_bytes)

@@ -35,6 +35,10 @@ class MeasureSettings:
     # against CUPTI). A missing key leaves that method/mode uncorrected. None: no correction.
     launch_gap_us: dict[str, float] | None = None
 
+    def __post_init__(self) -> None:
+        if self.flush_kind not in ("write", "read"):
+            raise ValueError(f"flush_kind {self.flush_kind!r}: expected 'write' or 'read'")
+
     @classmethod
     def quick(cls, **overrides: Any) -> MeasureSettings:
         """Smoke-test budget: a few tenths of a second per case, 2% noise target."""
