@@ -163,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     picker = result.phases[0].picker
     args.kv_len = result.kv_len
     settings = MeasureSettings()  # no launch-gap correction on either side: layer and parts alike
+    from dskbench.environment import environment
+
     out: dict[str, Any] = {
+        "environment": environment(device),  # date, GPU, clocks' context, versions, commit
         "device": device.name,
         "layer": args.layer,
         "mode": args.mode,

@@ -29,6 +29,8 @@ def main() -> int:
 
     from dskbench import fp8
     from dskbench.adapters.base import rel_error
+    from dskbench.backends import DeviceInfo
+    from dskbench.environment import environment
 
     rows = []
     for m, n, k in ((1, 2112, 7168), (2, 2112, 7168), (4, 2112, 7168), (64, 7168, 2048), (512, 2112, 7168)):
@@ -58,7 +60,8 @@ def main() -> int:
             print(f"M={m:4d} N={n} K={k}  {name:32s} {err}", flush=True)
     if args.out:
         args.out.write_text(
-            json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n"
+            json.dumps({"environment": environment(DeviceInfo.detect()), "rows": rows}, indent=1, default=str)
+            + "\n"
         )
     return 0
 
