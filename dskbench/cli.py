@@ -1,4 +1,4 @@
-"""Command line: `dskbench registry generate | list | run | report | compare | pick`."""
+"""Command line: `dskbench registry generate | list | run | warm | report | compare | pick`."""
 
 from __future__ import annotations
 
@@ -79,6 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip cases --out already holds a final result for (appends a run)",
     )
 
+    wm = sub.add_parser(
+        "warm",
+        help="build every JIT module a sweep needs, many at once, before timing anything (fresh GPU box)",
+    )
+    wm.add_argument("--kernel", action="append", help="kernel name (repeatable; default: all)")
+    wm.add_argument(
+        "--backend", action="append", help="backend name (repeatable; default: all but torch-ref)"
+    )
+    wm.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
+    wm.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
+    wm.add_argument("--tp", type=_csv_ints, default=(1,), help="tensor-parallel degrees (default 1)")
+    wm.add_argument(
+        "--jobs", type=int, help="builds at once (default: a quarter of the CPU cores, at most 16)"
+    )
+    wm.add_argument("--gpus", help="spread the builds' processes over this host's GPUs: 'all' or a count")
+    wm.add_argument("--out", type=Path, help="JSON file: each build's status and seconds")
+
     cmp_ = sub.add_parser("compare", help="noise-aware comparison of two sets of results (ours or asv)")
     cmp_.add_argument(
         "old", type=Path, help="results file/folder, asv results file, or ASV_RESULTS_DIR@COMMIT"
@@ -118,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_list(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "warm":
+            return cmd_warm(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "pick":
@@ -272,6 +291,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{len(items)} cases on {where} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
     summary = run_sweep(items, skips, opts, out, progress=Progress(len(items)))
     print(summary.line())
+    return EXIT_OK
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from dskbench.runner import PlanError, SweepOptions, plan_sweep, select_kernels
+    from dskbench.warm import default_jobs, warm
+
+    device, note = _device_choice(args.device)
+    if note:
+        print(note, file=sys.stderr)
+    if args.jobs is not None and args.jobs < 1:
+        print(f"dskbench: --jobs {args.jobs}: expected 1 or more", file=sys.stderr)
+        return EXIT_USAGE
+    tokens = None
+    if args.gpus is not None:
+        from dskbench.backends import DeviceInfo
+        from dskbench.shard import ShardError, parse_gpus, visible_gpus
+
+        try:
+            n = parse_gpus(args.gpus, DeviceInfo.detect("cuda").count if device == "cuda" else 0)
+            tokens = visible_gpus(n)
+        except ShardError as e:
+            print(f"dskbench: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    sweeps = args.sweep or ["decode", "prefill"]
+    if "all" in sweeps:
+        sweeps = list(SWEEPS)
+    opts = SweepOptions(
+        device=device,
+        phases=tuple(sweeps),
+        profile="cpu" if device == "cpu" else "full",
+        tp=args.tp,
+        seed=0,
+        measure_ceilings=False,
+    )
+    registry, shapes = _registry_and_shapes()
+    try:
+        items, _skips = plan_sweep(
+            registry, shapes, select_kernels(registry, args.kernel), args.backend, opts
+        )
+    except PlanError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    warm(items, opts, args.jobs or default_jobs(), tokens, args.out)
     return EXIT_OK
 
 

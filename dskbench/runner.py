@@ -95,6 +95,7 @@ class SweepOptions:
     dedupe: bool = True  # measure a (kernel, backend, dims, variant) once; its other ops' records copy it
     gpus: int = 1  # >1: shard the items over this many GPUs, one worker process each (dskbench/shard.py)
     host_gpus: int | None = None  # GPUs of the host when a worker sees only its own (multi-GPU gating)
+    warm_only: bool = False  # prepare (build, first launch, check) but time nothing: dskbench warm
 
 
 # -- planning -------------------------------------------------------------------------------------------
@@ -319,6 +320,8 @@ def execute_item(
     base["category"] = item.category
     if prep is None:
         return base
+    if opts.warm_only:  # the JIT build happened in the first launch; the caches keep it for the sweep
+        return {**base, "status": "ok"}
     from dskbench import measure as core
 
     launchers = [prep.launch]

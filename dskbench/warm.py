@@ -1,0 +1,203 @@
+"""Build a sweep's JIT modules before the sweep, many at once: `dskbench warm`.
+
+Why: on a fresh GPU box most of a first sweep's wall time is compilation, not measuring (2 x H200,
+2026-11-21: 581 s of first launches in 1405 s of item time; two Marlin modules alone 414 s), and a
+sweep compiles one module after another, in the order it meets them. The compilers are CPU work
+(nvcc through FlashInfer, tvm-ffi, torch extensions; Triton), so they can run side by side. Warming
+runs one item per (kernel, backend, variant) — the one that triggers the build — in `jobs` worker
+processes at once, spread over the host's GPUs; each item is prepared exactly as the sweep prepares it
+(inputs, reference, bind, first launch, check) and nothing is timed. The caches they fill (FlashInfer's,
+tvm-ffi's, Triton's, torch's extension dir) are the ones the sweep then finds.
+
+The same worker protocol as a sweep: a crashing build loses its item only, a hung one is killed after
+the sweep's case time-out, and every item comes back with its status (a wrong result or a skip shows here
+already) and its first-launch seconds, the build time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dskbench.runner import SweepOptions, WorkItem, _one_worker, write_plan
+
+DEFAULT_MAX_JOBS = 16  # nvcc builds are memory- and core-hungry; more rarely helps on a 16-64 core host
+
+
+def default_jobs(cpus: int | None = None) -> int:
+    """A quarter of the cores (each build runs several compiler threads), at least 1, at most 16."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(DEFAULT_MAX_JOBS, cpus // 4))
+
+
+def warm_items(items: Sequence[WorkItem]) -> list[WorkItem]:
+    """One item per (kernel, backend, variant): the first in plan order (the smallest decode case)."""
+    seen: set[tuple[str, str, Any]] = set()
+    out = []
+    for it in items:
+        key = (it.kernel, it.backend, it.case.get("variant"))
+        if key not in seen:
+            seen.add(key)
+            out.append(it)
+    return out
+
+
+def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
+    """Items by kernel (a kernel's backends often share modules: one process builds them in turn)."""
+    by_kernel: dict[str, list[WorkItem]] = {}
+    for it in items:
+        by_kernel.setdefault(it.kernel, []).append(it)
+    return list(by_kernel.values())
+
+
+@dataclasses.dataclass
+class WarmResult:
+    kernel: str
+    backend: str
+    variant: str | None
+    case_id: str
+    status: str
+    reason: str | None
+    first_launch_s: float | None  # the build (JIT compile, autotune) plus one launch
+    item_s: float | None  # the whole item: inputs, reference, bind, first launch, check
+
+
+def _result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
+    stages = fields.get("stages") or {}
+    return WarmResult(
+        kernel=item.kernel,
+        backend=item.backend,
+        variant=item.case.get("variant"),
+        case_id=item.case_id,
+        status=str(fields.get("status", "error")),
+        reason=fields.get("reason"),
+        first_launch_s=stages.get("first_launch_s"),
+        item_s=stages.get("item_s"),
+    )
+
+
+def run_warm(
+    items: Sequence[WorkItem],
+    opts: SweepOptions,
+    jobs: int,
+    gpu_tokens: Sequence[str] | None = None,
+    progress: Callable[[WarmResult], None] | None = None,
+) -> list[WarmResult]:
+    """Prepare every warm item (no timing) in `jobs` worker processes at once.
+
+    gpu_tokens: CUDA_VISIBLE_DEVICES value of each GPU to spread the workers over (round robin by
+    job); None leaves the environment as it is. Returns one WarmResult per item, in plan order.
+    """
+    from dskbench.shard import HangWatch, _run_threads, case_timeout, worker_env
+
+    picked = warm_items(items)
+    if not picked:
+        return []
+    groups = _groups(picked)
+    jobs = max(1, min(jobs, len(groups)))
+    wopts = dataclasses.replace(opts, warm_only=True, gpus=1, measure_ceilings=False)
+    todo: queue.Queue[list[WorkItem]] = queue.Queue()
+    for g in groups:
+        todo.put(g)
+    results: dict[int, WarmResult] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    watch = HangWatch(jobs, case_timeout())
+
+    class _Record:  # what _run_threads needs of a recorder: a flag it sets on an interrupt
+        closed = False
+
+    with tempfile.TemporaryDirectory(prefix="dskbench-warm-") as tmp:
+
+        def drive(j: int) -> None:
+            env = worker_env(gpu_tokens[j % len(gpu_tokens)]) if gpu_tokens else None
+            n = 0
+            while not stop.is_set():
+                try:
+                    group = todo.get_nowait()
+                except queue.Empty:
+                    return
+                local = [dataclasses.replace(it, index=i) for i, it in enumerate(group)]
+                plan = write_plan(Path(tmp) / f"warm-{j}-{n}.json", local, wopts, opts.seed or 0, None)
+                n += 1
+
+                def rec(item: WorkItem, fields: dict[str, Any], group=group) -> None:
+                    r = _result(group[item.index], watch.result(j, fields))
+                    with lock:
+                        results[group[item.index].index] = r
+                    if progress:
+                        progress(r)
+
+                start = 0
+                while start < len(local) and not stop.is_set():
+                    watch.started(j)
+                    start = _one_worker(plan, local, start, rec, env=env, live=watch.live[j])
+
+        _run_threads(drive, jobs, stop, watch.live, _Record(), watch=watch.check)
+    return [results[it.index] for it in picked if it.index in results]
+
+
+def summary_lines(results: Sequence[WarmResult], wall_s: float, jobs: int) -> list[str]:
+    """A table, slowest build first, then the counts and the time saved by building side by side."""
+    lines = [f"{'first launch':>12}  {'status':8} kernel · backend · variant"]
+    for r in sorted(results, key=lambda r: -(r.first_launch_s or 0.0)):
+        t = f"{r.first_launch_s:10.1f} s" if r.first_launch_s is not None else " " * 12
+        why = f"  ({str(r.reason)[:90]})" if r.status not in ("ok",) and r.reason else ""
+        lines.append(f"{t}  {r.status:8} {r.kernel} · {r.backend} · {r.variant or '-'}{why}")
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    serial = sum(r.item_s or 0.0 for r in results)
+    lines.append(
+        f"warmed {len(results)} (kernel, backend, variant): "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        + f"; wall {wall_s:.1f} s with {jobs} jobs (items one after another: {serial:.1f} s)"
+    )
+    return lines
+
+
+def warm(
+    items: Sequence[WorkItem],
+    opts: SweepOptions,
+    jobs: int,
+    gpu_tokens: Sequence[str] | None,
+    out: Path | None = None,
+) -> list[WarmResult]:
+    """run_warm with a line per item on stderr, the table on stdout and, if asked, a JSON file."""
+    import json
+
+    t0 = time.monotonic()
+    results = run_warm(
+        items,
+        opts,
+        jobs,
+        gpu_tokens,
+        progress=lambda r: print(
+            f"warm: {r.status:7} {r.first_launch_s or 0:7.1f} s  {r.kernel} · {r.backend}",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
+    wall = time.monotonic() - t0
+    jobs = max(1, min(jobs, len(_groups(warm_items(items))) or 1))
+    for line in summary_lines(results, wall, jobs):
+        print(line)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_s": round(wall, 2),
+            "jobs": jobs,
+            "gpus": list(gpu_tokens or []),
+            "results": [dataclasses.asdict(r) for r in results],
+        }
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+    return results

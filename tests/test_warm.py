@@ -1,0 +1,80 @@
+"""`dskbench warm`: one item per (kernel, backend, variant) prepared in parallel worker processes,
+nothing timed; crashes and wrong results reported per item. Run on the CPU with the fake kernels."""
+
+from __future__ import annotations
+
+import json
+import os
+
+EXTRA = "tests.fake_adapters,tests.fake_shard_adapters"
+os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+
+import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
+import tests.fake_shard_adapters  # noqa: E402,F401
+from dskbench import cli, warm  # noqa: E402
+from dskbench.backends import DeviceInfo  # noqa: E402
+from dskbench.runner import SweepOptions, WorkItem, execute_item, plan_sweep  # noqa: E402
+from dskbench.shapes import default_shapes  # noqa: E402
+from tests.test_shard import _entry, _item  # noqa: E402
+
+
+def test_one_item_per_kernel_backend_variant_first_in_plan_order():
+    items = [_item(0, "k", 1, "a"), _item(1, "k", 1, "b"), _item(2, "k", 8, "a"), _item(3, "j", 8, "a")]
+    fp8 = WorkItem(4, "k", "a", {**items[2].case, "variant": "fp8"}, "test")
+    picked = warm.warm_items([*items, fp8])
+    assert [it.index for it in picked] == [0, 1, 3, 4]
+
+
+def test_default_jobs_is_a_quarter_of_the_cores_within_bounds():
+    assert warm.default_jobs(2) == 1
+    assert warm.default_jobs(32) == 8
+    assert warm.default_jobs(128) == warm.DEFAULT_MAX_JOBS
+
+
+def test_warm_only_prepares_and_checks_but_times_nothing():
+    plan_opts = SweepOptions(device="cpu", phases=("decode",), profile="cpu")
+    item = plan_sweep({"fake_ok": _entry("fake_ok")}, default_shapes(), ["fake_ok"], ["fake"], plan_opts)[0][
+        0
+    ]
+    opts = SweepOptions(device="cpu", profile="cpu", warm_only=True, measure_ceilings=False)
+    fields = execute_item(item, DeviceInfo("cpu"), opts, 0, None)
+    assert fields["status"] == "ok"
+    assert "timing" not in fields and "measure_s" not in fields["stages"]
+    assert fields["stages"]["first_launch_s"] >= 0 and fields["check"]["error"] == 0
+
+
+def test_parallel_warm_reports_every_build_and_survives_a_crash(monkeypatch, tmp_path):
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    kernels = ["fake_ok", "fake_wrong", "fake_crash", "fake_env"]
+    registry = {k: _entry(k) for k in kernels}
+    opts = SweepOptions(device="cpu", phases=("decode",), profile="cpu", seed=0, measure_ceilings=False)
+    items, _ = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
+    assert len(items) > len(kernels)  # several cases each: warm takes one
+    seen = []
+    results = warm.run_warm(items, opts, jobs=3, gpu_tokens=["4", "5"], progress=seen.append)
+    assert [r.kernel for r in results] == kernels  # plan order, one each
+    assert len(seen) == len(kernels)
+    by = {r.kernel: r for r in results}
+    assert by["fake_ok"].status == "ok" and by["fake_ok"].first_launch_s is not None
+    assert by["fake_wrong"].status == "wrong" and "relative error" in by["fake_wrong"].reason
+    assert (
+        by["fake_crash"].status == "error" and "worker process died (exit code 77)" in by["fake_crash"].reason
+    )
+    assert by["fake_crash"].first_launch_s is None
+    assert by["fake_env"].status == "ok"
+
+
+def test_cli_warm_writes_json_and_rejects_bad_input(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    out = tmp_path / "warm.json"
+    assert cli.main(["warm", "--device", "cpu", "--kernel", "rmsnorm", "--jobs", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["results"] and all(r["kernel"] == "rmsnorm" for r in doc["results"])
+    assert {r["backend"] for r in doc["results"]} == {"torch-ref"}  # a CPU can run the reference only
+    assert all(r["status"] == "ok" for r in doc["results"])
+    assert "warmed" in capsys.readouterr().out
+    assert cli.main(["warm", "--device", "cpu", "--kernel", "no_such_kernel"]) == cli.EXIT_USAGE
+    assert "unknown kernel" in capsys.readouterr().err
+    assert cli.main(["warm", "--device", "cpu", "--jobs", "0"]) == cli.EXIT_USAGE
+    assert cli.main(["warm", "--device", "cpu", "--gpus", "2"]) == cli.EXIT_USAGE
+    assert "no CUDA GPU" in capsys.readouterr().err
