@@ -114,6 +114,21 @@ def test_check_accepts_rare_one_step_differences():
     assert a.check((q2.to(FP8), s), (q, s), case).ok
 
 
+def test_one_step_codes_on_a_short_row_are_not_a_dequant_failure():
+    # an H200 sweep (2026-11-21) reported right kernels as wrong: 3 int8 codes one step off in a
+    # [1, 1536] output put the dequantised error at 2.3%, over a fixed 5e-3
+    a, case, (q, s) = _ref("sgl_per_token_group_quant_int8")
+    q1, s1 = q[:1].clone(), s[:1]
+    small = (q1[0].abs() == 1).nonzero().flatten()[:20]  # 0.3% of the row, at magnitude 1: 100% each
+    off = q1.clone()
+    off[0, small] = 0
+    chk = a.check((off, s1), (q1, s1), case)
+    assert chk.ok and chk.error > 5e-3 and chk.tolerance >= chk.error
+    two = q1.clone()
+    two[0, small[0]] = q1[0, small[0]] + 2 * q1[0, small[0]].sign()  # two steps: still wrong
+    assert not a.check((two, s1), (q1, s1), case).ok
+
+
 def test_check_rejects_wrong_codes_and_scales():
     a, case, (q, s) = _ref("sgl_per_token_group_quant_fp8")
     assert not a.check((q, s * 1.001), (q, s), case).ok  # scale off the formula

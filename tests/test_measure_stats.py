@@ -163,3 +163,13 @@ def test_budget_never_ends_sampling_before_a_few_samples():
     )
     clock2[0] = 100.0
     assert s2.add([]) is True and s2.samples == []
+
+
+def test_samples_keep_five_significant_digits() -> None:
+    from dskbench.measure.stats import round_sig
+
+    assert round_sig(2.7850000858306885) == 2.785
+    assert round_sig(1234.5678) == 1234.6
+    assert round_sig(0.000123456789) == 0.00012346
+    assert round_sig(0.0) == 0.0 and math.isnan(round_sig(float("nan")))
+    assert abs(round_sig(3.14159265, 3) - 3.14) < 1e-12

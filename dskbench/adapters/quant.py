@@ -44,6 +44,7 @@ from dskbench.shapes import Case
 
 DTYPE = torch.bfloat16
 EPS = 1e-10  # SGLang's default eps for the group quantisers
+DEQUANT_TOL = 5e-3  # dequantised output vs the reference's, beyond what allowed one-step codes explain
 GROUP = 128  # DeepSeek's block size
 INT8_MIN, INT8_MAX = -128.0, 127.0
 # Fraction of codes allowed exactly one step off the emulated cast. Kernels round x * (qmax / amax)
@@ -97,19 +98,30 @@ def check_quant(out: Any, ref: Any, case: Case) -> Check:
         return Check(False, float("inf"), 0.0, f"shapes q{tuple(q.shape)} s{tuple(s.shape)}")
     if q.dtype != q_ref.dtype:
         return Check(False, float("inf"), 0.0, f"q dtype {q.dtype}, expected {q_ref.dtype}")
-    s64, sr64 = s.detach().double().cpu(), s_ref.detach().double().cpu()
+    # on the output's device: on the CPU this check of a [8192, 16384] output took ~0.5 s a case, a
+    # third of a whole H200 sweep (2026-11-21); a GPU does it in milliseconds
+    dev = q.device
+    s64, sr64 = s.detach().double(), s_ref.detach().to(dev).double()
     scale_err = float(((s64 - sr64).abs() / sr64).max())
-    qf, qr = q.detach().float().cpu(), q_ref.detach().float().cpu()
+    qf, qr = q.detach().float(), q_ref.detach().to(dev).float()
     diff = (qf - qr).abs()
     step = _fp8_step(torch.maximum(qf.abs(), qr.abs())) if q.dtype == FP8 else torch.ones_like(qr)
     mismatch = float((diff > 0).float().mean())
     beyond_one_step = int((diff > step * 1.001).sum())
     group = qf.shape[1] // sr64.shape[1]
+    scale = sr64.float().repeat_interleave(group, dim=1)
     deq = qf * s64.float().repeat_interleave(group, dim=1)
-    deq_ref = qr * sr64.float().repeat_interleave(group, dim=1)
+    deq_ref = qr * scale
     err = rel_error(deq, deq_ref)
-    ok = scale_err <= 1e-5 and mismatch <= MAX_MISMATCH and beyond_one_step == 0 and err <= 5e-3
-    detail = f"scales:{scale_err:.1e} codes off:{mismatch:.1e} (>1 step: {beyond_one_step}) dequant:{err:.1e}"
+    # The dequantised error the allowed codes explain (those one step off), on top of 5e-3: a few
+    # one-step codes on a short row (T=1, K=1536: 3 of 1536) alone reach 0.5-2% (H200 sweep, 2026-11-21)
+    explained = rel_error(qr * scale + (qf - qr) * (diff <= step * 1.001) * scale, deq_ref)
+    tol = DEQUANT_TOL + explained
+    ok = scale_err <= 1e-5 and mismatch <= MAX_MISMATCH and beyond_one_step == 0 and err <= tol
+    detail = (
+        f"scales:{scale_err:.1e} codes off:{mismatch:.1e} (>1 step: {beyond_one_step}) "
+        f"dequant:{err:.1e} (one-step codes explain {explained:.1e})"
+    )
     if not ok:
         failed = [
             f"scale error {scale_err:.1e} > 1e-5" if scale_err > 1e-5 else "",
@@ -117,7 +129,7 @@ def check_quant(out: Any, ref: Any, case: Case) -> Check:
             f"{beyond_one_step} codes more than one step off" if beyond_one_step else "",
         ]
         detail = "; ".join(f for f in failed if f) + (" — " if any(failed) else "") + detail
-    return Check(ok, err, 5e-3, detail)
+    return Check(ok, err, tol, detail)
 
 
 # -- binders -----------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dskbench.measure.settings import Measurement, MeasureSettings
-from dskbench.measure.stats import Stopper, quantile, summarize
+from dskbench.measure.stats import Stopper, quantile, round_sig, summarize
 
 MODES = ("cold", "hot")
 GAP_KEYS = {"cuda-graph": "{mode}", "cuda-eager": "eager_{mode}"}  # MeasureSettings.launch_gap_us keys
@@ -185,7 +185,7 @@ def assemble(
         mode=mode,
         device=device,
         n_sets=n_sets,
-        samples_us=list(stopper.samples),
+        samples_us=[round_sig(x) for x in stopper.samples],  # stats above use the exact ones
         raw_median_us=raw_median,
         launch_gap_us=launch_gap_us,
         flush_us=flush_us,
