@@ -216,6 +216,13 @@ def _device_choice(requested: str | None) -> tuple[str, str | None]:
     return requested or "cuda", None
 
 
+def _sweeps(asked: list[str] | None) -> list[str]:
+    """--sweep as given (repeatable; 'all' = every sweep); decode and prefill by default."""
+    if not asked:
+        return ["decode", "prefill"]
+    return list(SWEEPS) if "all" in asked else asked
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels
 
@@ -237,9 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ShardError as e:
             print(f"dskbench: {e}", file=sys.stderr)
             return EXIT_USAGE
-    sweeps = args.sweep or ["decode", "prefill"]
-    if "all" in sweeps:
-        sweeps = list(SWEEPS)
+    sweeps = _sweeps(args.sweep)
     profile = "cpu" if device == "cpu" else ("quick" if args.quick else "full")
     opts = SweepOptions(
         device=device,
@@ -315,9 +320,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         except ShardError as e:
             print(f"dskbench: {e}", file=sys.stderr)
             return EXIT_USAGE
-    sweeps = args.sweep or ["decode", "prefill"]
-    if "all" in sweeps:
-        sweeps = list(SWEEPS)
+    sweeps = _sweeps(args.sweep)
     opts = SweepOptions(
         device=device,
         phases=tuple(sweeps),
