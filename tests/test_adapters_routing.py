@@ -184,6 +184,38 @@ def test_check_rejects_experts_from_too_many_groups():
     assert not a.check((w, flat), ref, c).ok
 
 
+def _swap_fourth_and_fifth_group(choice: torch.Tensor, ids: torch.Tensor, gap: float):
+    """Row 0 re-scored so that the 5th-best group trails the 4th by `gap` (relative), and the ids a
+    kernel gets when it ranks those two the other way round."""
+    choice = choice.clone()
+    row = choice[0].view(8, 32)
+    gs = row.topk(2, -1).values.sum(-1)
+    order = gs.argsort(descending=True)
+    g4, g5 = int(order[3]), int(order[4])
+    top = int(row[g5].argmax())
+    row[g5, top] += gs[g4] * (1 - gap) - gs[g5]  # the 5th group's sum now just under the 4th's
+    keep = torch.zeros(8, dtype=torch.bool)
+    keep[order[:3]] = True
+    keep[g5] = True
+    swapped = ids.clone()
+    swapped[0] = choice[0].masked_fill(~keep.repeat_interleave(32), float("-inf")).topk(8).indices.int()
+    return choice, swapped
+
+
+def test_check_accepts_a_near_tie_between_groups_only():
+    a, c, x, ref = _gate_ref()
+    w, ids, choice = ref
+    near, swapped = _swap_fourth_and_fifth_group(choice, ids, 1e-9)
+    assert not torch.equal(swapped[0].sort().values, ids[0].sort().values)  # other experts
+    wrong_w = w.clone()
+    wrong_w[0] = w[0].flip(0) * 0.5  # that row's weights are not compared: other experts, other weights
+    chk = a.check((wrong_w, swapped), (w, ids, near), c)
+    assert chk.ok and "1 rows chose another of two near-tied expert groups" in chk.detail
+    assert not a.check((w * 1.01, swapped), (w, ids, near), c).ok  # the other rows' weights still count
+    far, swapped_far = _swap_fourth_and_fifth_group(choice, ids, 1e-2)
+    assert not a.check((w, swapped_far), (w, ids, far), c).ok  # a 1% gap is a wrong group
+
+
 # -- traffic and backends ------------------------------------------------------------------------------
 
 
