@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpus",
         help="shard the cases over this host's GPUs, one worker per GPU: 'all' or a count (default: one GPU)",
     )
+    run.add_argument(
+        "--costs-from",
+        action="append",
+        type=Path,
+        help="with --gpus: cut the shards by each case's time in these earlier results (repeatable)",
+    )
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     run.add_argument(
         "--resume",
@@ -258,7 +264,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
         gpus=gpus,
+        costs_from=tuple(str(p) for p in args.costs_from or ()),
     )
+    for p in opts.costs_from:
+        if not Path(p).exists():
+            print(f"dskbench: --costs-from {p}: no such file", file=sys.stderr)
+            return EXIT_USAGE
     registry, shapes = _registry_and_shapes()
     try:
         kernels = select_kernels(registry, args.kernel)

@@ -96,6 +96,7 @@ class SweepOptions:
     gpus: int = 1  # >1: shard the items over this many GPUs, one worker process each (dskbench/shard.py)
     host_gpus: int | None = None  # GPUs of the host when a worker sees only its own (multi-GPU gating)
     warm_only: bool = False  # prepare (build, first launch, check) but time nothing: dskbench warm
+    costs_from: tuple[str, ...] = ()  # results files whose item times cut a sharded sweep (shard.py)
 
 
 # -- planning -------------------------------------------------------------------------------------------

@@ -147,6 +147,51 @@ def item_cost(item: WorkItem, device: DeviceInfo, budget_s: float) -> float:
     return CASE_OVERHEAD_S + budget_s + nbytes / SETUP_BYTES_PER_S
 
 
+def measured_costs(paths: Sequence[Path]) -> dict[tuple[str, str], float]:
+    """(case_id, backend) -> the seconds its item took in earlier results (`stages.item_s`), for a
+    balanced cut of the next sweep: the model above is blind to e.g. a slow reference check."""
+    from dskbench.results import read_runs
+
+    out: dict[tuple[str, str], float] = {}
+    for run in read_runs(list(paths)):
+        for r in run.results:
+            t = (r.get("stages") or {}).get("item_s")
+            if isinstance(t, (int, float)) and not r.get("shared_with"):
+                out[(r["case_id"], (r.get("backend") or {}).get("name", "-"))] = float(t)
+    return out
+
+
+def blended_cost(
+    items: Sequence[WorkItem], model: Callable[[WorkItem], float], known: Mapping[tuple[str, str], float]
+) -> Callable[[WorkItem], float]:
+    """Measured seconds where an earlier run has the item, else the model's estimate scaled to them
+    (the model is right about ratios, not about seconds: the scale is measured / model over the items
+    both know)."""
+    both = [(known[(it.case_id, it.backend)], model(it)) for it in items if (it.case_id, it.backend) in known]
+    model_sum = sum(m for _, m in both)
+    scale = sum(k for k, _ in both) / model_sum if both and model_sum > 0 else 1.0
+
+    def cost(it: WorkItem) -> float:
+        t = known.get((it.case_id, it.backend))
+        return t if t is not None else model(it) * scale
+
+    return cost
+
+
+def sweep_cost(
+    items: Sequence[WorkItem], opts: SweepOptions, device: DeviceInfo
+) -> Callable[[WorkItem], float]:
+    """The cost a sharded sweep cuts by: the model, or measured times from opts.costs_from."""
+    budget = measure_settings(opts).max_time_s
+
+    def model(it: WorkItem) -> float:
+        return item_cost(it, device, budget)
+
+    if not opts.costs_from:
+        return model
+    return blended_cost(items, model, measured_costs([Path(p) for p in opts.costs_from]))
+
+
 @dataclass(frozen=True)
 class Unit:
     """Items that must share a GPU: a kernel, or one case of it (all its backends)."""
@@ -202,10 +247,9 @@ def shard_items(
 def print_shards(items: Sequence[WorkItem], opts: SweepOptions) -> list[list[WorkItem]]:
     """The cut a sharded sweep would make (for --dry-run): each GPU's kernels, cases and estimate."""
     host = DeviceInfo.detect("cuda")
-    budget = measure_settings(opts).max_time_s
     if opts.dedupe:
         items = dedupe_items(list(items))[0]
-    shards, loads = shard_items(items, opts.gpus, lambda it: item_cost(it, host, budget))
+    shards, loads = shard_items(items, opts.gpus, sweep_cost(items, opts, host))
     for g, (s, load) in enumerate(zip(shards, loads, strict=True)):
         kernels = sorted({it.kernel for it in s})
         print(f"GPU {g}: {len(s)} cases, ~{load:.0f} s estimated: {', '.join(kernels)}")
@@ -289,9 +333,8 @@ def run_sharded(
     probes = probe_gpus(tokens, opts.device, opts.measure_ceilings and opts.device == "cuda" and bool(items))
     check_same_model(probes, tokens)
     gate = host if opts.device == "cuda" else DeviceInfo("cpu")
-    budget = measure_settings(opts).max_time_s
     to_run, copies = dedupe_items(items) if opts.dedupe else (items, {})
-    shards, loads = shard_items(to_run, n, lambda it: item_cost(it, gate, budget))
+    shards, loads = shard_items(to_run, n, sweep_cost(to_run, opts, gate))
     run_id = new_run_id()
     run_seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
     env = environment(DeviceInfo("cpu"))  # host, versions, git; the parent opens no CUDA context

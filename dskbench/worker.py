@@ -18,7 +18,12 @@ def main(argv: list[str]) -> int:
     start = int(argv[1])
     items = [WorkItem(**i) for i in plan["items"]]
     opts = SweepOptions(
-        **{**plan["opts"], "phases": tuple(plan["opts"]["phases"]), "tp": tuple(plan["opts"]["tp"])}
+        **{
+            **plan["opts"],
+            "phases": tuple(plan["opts"]["phases"]),
+            "tp": tuple(plan["opts"]["tp"]),
+            "costs_from": tuple(plan["opts"].get("costs_from", ())),
+        }
     )
     device = DeviceInfo.detect(opts.device)
     for item in items[start:]:

@@ -315,3 +315,64 @@ def test_sharded_sweep_copies_twins_from_the_gpu_that_measured_them(tmp_path, mo
     for r in twins:
         first = by_id[r["shared_with"]]
         assert r["gpu_index"] == first["gpu_index"] and r["timing"] == first["timing"]
+
+
+def test_measured_costs_cut_the_shards_and_scale_the_model_for_the_rest(tmp_path):
+    from dskbench.results import ResultsWriter, environment_record, result_record
+
+    items = _plan({"k1": 4, "k2": 4, "k3": 4, "k4": 4})  # by the model: four equal kernels
+    heavy = [it for it in items if it.kernel == "k1"]
+    p = tmp_path / "earlier.jsonl"
+    with ResultsWriter(p) as w:
+        w.write(
+            environment_record("r", created="2026-11-21T00:00:00+00:00", device={"name": "H"}, versions={})
+        )
+        for it in items:
+            if it.kernel == "k4":
+                continue  # k4 was not in the earlier run: the model, scaled, stands in
+            secs = 10.0 if it.kernel == "k1" else 0.5
+            w.write(
+                result_record(
+                    "r",
+                    "ok",
+                    kernel=it.kernel,
+                    case_id=it.case_id,
+                    backend={"name": it.backend},
+                    stages={"item_s": secs},
+                    timing={"median_us": 1.0},
+                )
+            )
+        # a twin's copy carries the original's stages: it must not count
+        w.write(
+            result_record(
+                "r",
+                "ok",
+                kernel="k9",
+                case_id="x",
+                backend={"name": "a"},
+                stages={"item_s": 99.0},
+                shared_with="y",
+                timing={"median_us": 1.0},
+            )
+        )
+    known = shard.measured_costs([p])
+    assert len(known) == 24 and ("x", "a") not in known
+    cost = shard.blended_cost(items, _cost, known)
+    assert cost(heavy[0]) == 10.0
+    k4 = next(it for it in items if it.kernel == "k4")
+    both = [it for it in items if it.kernel != "k4"]
+    scale = sum(known[(it.case_id, it.backend)] for it in both) / sum(_cost(it) for it in both)
+    assert abs(cost(k4) - _cost(k4) * scale) < 1e-9
+    shards, loads = shard.shard_items(items, 2, cost)
+    k1_gpu = {g for g, s in enumerate(shards) for it in s if it.kernel == "k1"}
+    # k1 alone (80 s) is over half the total: it is cut by case, and no GPU ends a case's cost above the other
+    assert len(k1_gpu) == 2 and abs(loads[0] - loads[1]) <= 20.0 + shard.UNIT_OVERHEAD_S
+    assert shard.blended_cost(items, _cost, {})(k4) == _cost(k4)  # nothing measured: the model as is
+
+
+def test_cli_costs_from_must_exist(capsys):
+    assert (
+        cli.main(["run", "--device", "cpu", "--costs-from", "/nonexistent/x.jsonl", "--dry-run"])
+        == cli.EXIT_USAGE
+    )
+    assert "--costs-from /nonexistent/x.jsonl: no such file" in capsys.readouterr().err
