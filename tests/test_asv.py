@@ -311,3 +311,41 @@ def test_asv_offline_leaves_unknown_resources_and_says_so(tmp_path, capsys):
     assert '<script src="vendor/jquery-3.3.1.min.js">' in page
     assert 'src="https://cdn.example/new.js"' in page and 'href="https://github.com/x"' in page
     assert "(no vendored copy): https://cdn.example/new.js" in capsys.readouterr().err
+
+
+def test_asv_at_two_commits_without_the_history(tmp_path):
+    """scripts/asv_thin_carry.sh + scripts/device_asv_thin.sh, as on the GPU box but on the CPU: two
+    commit objects, a shallow git dir and a patch are enough for asv to record both commits."""
+    has_parent = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", "HEAD~1"], cwd=REPO, capture_output=True
+    )
+    if has_parent.returncode != 0:
+        pytest.skip("this checkout has no HEAD~1 (a shallow clone of depth 1)")
+    carry, dest = tmp_path / "carry", tmp_path / "out"
+    subprocess.run(
+        ["bash", "scripts/asv_thin_carry.sh", str(carry)], cwd=REPO, check=True, capture_output=True
+    )
+    commits = (carry / "commits").read_text().split()
+    assert len(commits) == 2 and (carry / "git" / "shallow").read_text().strip() == commits[0]
+    env = suite.child_env()
+    env.update(
+        HOME=str(tmp_path),
+        ASV_PYTHON=sys.executable,
+        ASV_WORK=str(tmp_path / "work"),
+        DSKBENCH_ASV_KERNELS="rmsnorm",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    p = subprocess.run(
+        ["bash", "scripts/device_asv_thin.sh", str(carry), str(dest)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = (dest / "asv.log").read_text()
+    assert p.returncode == 0 and all(f"asv run {c} rc=0" in log for c in commits), log[-3000:]
+    (machine,) = [d for d in (dest / "asv").iterdir() if d.is_dir()]
+    recorded = sorted(f.name[:8] for f in machine.glob("*-existing-*.json"))
+    assert recorded == sorted(c[:8] for c in commits)
+    assert read_runs([dest / "same-as-asv.jsonl"])[0].results  # the same cases through dskbench run
