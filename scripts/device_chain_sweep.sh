@@ -26,7 +26,11 @@ step probe 120 bash -c 'nvidia-smi; nvidia-smi topo -m; nproc; python3 -c "impor
 ) &
 (
     export CUDA_VISIBLE_DEVICES=$last
-    step asv "${ASV_SECONDS:-420}" bash scripts/device_asv.sh "$root/.devrun/repo" "$out/asv"
+    if [ -d .devcarry/asv ]; then  # scripts/asv_thin_carry.sh: two commits without the history
+        step asv "${ASV_SECONDS:-420}" bash scripts/device_asv_thin.sh .devcarry/asv "$out/asv"
+    else  # a carried git bundle of main, cloned by device_session.sh
+        step asv "${ASV_SECONDS:-420}" bash scripts/device_asv.sh "$root/.devrun/repo" "$out/asv"
+    fi
 ) &
 wait
 
