@@ -34,8 +34,11 @@ step probe 120 bash -c 'nvidia-smi; nvidia-smi topo -m; nproc; python3 -c "impor
 ) &
 wait
 
-step sweep-a "${SWEEP_SECONDS:-600}" python3 -m dskbench run --gpus all --seed 7 --out "$out/sweep-a.jsonl"
-step sweep-b "${SWEEP_SECONDS:-600}" python3 -m dskbench run --gpus all --seed 7 --out "$out/sweep-b.jsonl"
+# SWEEP_COSTS_FROM=results/...jsonl.gz: both sweeps cut the same way, by that file's measured times
+costs=()
+[ -n "${SWEEP_COSTS_FROM:-}" ] && costs=(--costs-from "$SWEEP_COSTS_FROM")
+step sweep-a "${SWEEP_SECONDS:-600}" python3 -m dskbench run --gpus all --seed 7 "${costs[@]}" --out "$out/sweep-a.jsonl"
+step sweep-b "${SWEEP_SECONDS:-600}" python3 -m dskbench run --gpus all --seed 7 "${costs[@]}" --out "$out/sweep-b.jsonl"
 
 r2r=(--sweep decode --seed 7 --kernel fused_add_rmsnorm --kernel silu_and_mul --kernel moe_align_block_size
      --kernel apply_rope_with_cos_sin_cache_inplace --kernel dsv3_fused_a_gemm --kernel sgl_per_token_group_quant_fp8)
