@@ -181,6 +181,32 @@ def test_torch_bmm_backend_uses_sglang_layouts():
     assert out.dtype == torch.bfloat16 and a.check(out, a.reference(x, c), c).ok
 
 
+def test_bf16_cublas_row_of_the_bf16_projections():
+    a = get_adapter("fp8_scaled_mm")
+    c = _tiny("fp8_scaled_mm", 16, 384, 256)
+    x = a.make_inputs(c, "cpu", 0)
+    be = next(b for b in a.backends if b.name == "torch.mm.bf16")
+    out = be.bind(torch.mm, x, c)()
+    assert out.dtype == torch.bfloat16 and out.shape == (16, 384) and a.check(out, a.reference(x, c), c).ok
+    t = a.traffic_for("torch.mm.bf16", c)
+    assert t.compute == "bf16" and t.bytes == 2 * 16 * 256 + 2 * 256 * 384 + 2 * 16 * 384
+
+
+def test_quantised_gemms_compare_with_their_own_tensor_core_rate():
+    # an H200 sweep (2026-11-21) put FP8/INT8 GEMMs at 172% of the (BF16) compute peak
+    c = _tiny("fp8_scaled_mm", 16, 384, 256)
+    assert get_adapter("fp8_scaled_mm").traffic_for("sgl_kernel", c).compute == "fp8"
+    assert get_adapter("int8_scaled_mm").traffic_for("sgl_kernel", c).compute == "int8"
+    fb = get_adapter("fp8_blockwise_scaled_mm")
+    assert {fb.traffic_for(b, c).compute for b in ("sglang_triton", "flashinfer")} == {"fp8"}
+    assert get_adapter("qserve_w4a8_per_chn_gemm").traffic_for("sgl_kernel", c).compute == "int8"
+    bmm = get_adapter("bmm_fp8")
+    bc = _case("bmm_fp8", "forward_absorb_prepare", t=16, variant="q_nope_w_kc")
+    assert bmm.traffic_for("sgl_kernel", bc).compute == "fp8"
+    bf16 = bmm.traffic_for("torch.bmm.bf16", bc)
+    assert bf16.compute == "bf16" and bf16.bytes > bmm.traffic_for("sgl_kernel", bc).bytes  # 2-byte operands
+
+
 def test_fused_a_and_router_inputs():
     fa = get_adapter("dsv3_fused_a_gemm")
     c = _case("dsv3_fused_a_gemm", "fused_qkv_a_proj_with_mqa", t=16)

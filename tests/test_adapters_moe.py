@@ -664,3 +664,25 @@ def test_trtllm_fp8_bind_passes_transposed_activation_scales():
     assert seen["hidden_states_scale"].shape == (56, 1) and seen["routing_method_type"] == 2
     assert seen["weight_layout"] == 0 and not seen["use_shuffled_weight"] and seen["local_num_experts"] == 256
     assert seen["intermediate_size"] == 256 and seen["tune_max_num_tokens"] == 1
+
+
+def test_fp8_expert_gemms_compare_with_the_fp8_rate():
+    for kernel, want in (
+        ("fp8_blockwise_scaled_grouped_mm", {"fp8"}),
+        ("cutlass_w4a8_moe_mm", {"fp8"}),
+        ("trtllm_fp8_block_scale_moe", {"fp8"}),
+        ("trtllm_bf16_moe", {"bf16"}),
+    ):
+        a = get_adapter(kernel)
+        cases = [
+            c for c in SHAPES.cases(kernel, list(a.ops), a.role, "decode", profile="cpu") if a.applies(c)
+        ]
+        assert cases and {a.traffic_for(a.backends[0].name, c).compute for c in cases} == want, kernel
+    fused = get_adapter("fused_moe_kernel")
+    assert (
+        fused.traffic_for("sglang_triton", _case("fused_moe_kernel", variant="gate_up.fp8")).compute == "fp8"
+    )
+    assert (
+        fused.traffic_for("sglang_triton", _case("fused_moe_kernel", variant="gate_up.bf16")).compute
+        == "bf16"
+    )

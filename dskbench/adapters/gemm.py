@@ -126,7 +126,7 @@ def _scaled_mm_reference(inputs: dict[str, Any]) -> torch.Tensor:
 def _scaled_mm_traffic(case: Case, fmt: str, note: str) -> Traffic:
     m, n, k = _mnk(case)
     nbytes = m * k + weight_bytes(k, n, fmt) + 4 * (m + n) + m * n * OUT_BYTES["bf16"]
-    return Traffic(nbytes, gemm_flops(m, n, k), note)
+    return Traffic(nbytes, gemm_flops(m, n, k), note, compute=fmt)  # int8 / fp8 tensor cores
 
 
 def _bind_scaled_mm(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
@@ -139,6 +139,23 @@ def _bind_triton_scaled_mm(fn: Any, inputs: dict[str, Any], case: Case) -> Calla
     """triton_scaled_mm(input [M,K], weight [K,N], scale_a [M,1], scale_b [N,1], out_dtype)."""
     a, b, sa, sb = inputs["mat_a"], inputs["mat_b"], inputs["scales_a"], inputs["scales_b"]
     return lambda: fn(a, b, sa, sb, BF16_OUT)
+
+
+def _bind_torch_mm_bf16(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    """torch.mm in BF16 (cuBLAS) on the dequantised operands: what a BF16 projection of the checkpoint
+    runs (UnquantizedLinearMethod -> F.linear), at the same shapes as the FP8 rows."""
+    x = (inputs["mat_a"].float() * inputs["scales_a"].float().view(-1, 1)).to(torch.bfloat16)
+    wt = (inputs["mat_b"].float() * inputs["scales_b"].float().view(1, -1)).to(
+        torch.bfloat16
+    )  # [K,N] col-major
+    out = torch.empty(x.shape[0], wt.shape[1], dtype=torch.bfloat16, device=x.device)
+    return lambda: fn(x, wt, out=out)
+
+
+def _bf16_linear_traffic(case: Case) -> Traffic:
+    m, n, k = _mnk(case)
+    nbytes = 2 * m * k + weight_bytes(k, n, "bf16") + m * n * OUT_BYTES["bf16"]
+    return Traffic(nbytes, gemm_flops(m, n, k), f"BF16 {case.op} (cuBLAS): BF16 activations, weight, output")
 
 
 _TRITON_SCALED_MM = "sglang.kernels.ops.quantization.fp8_kernel:triton_scaled_mm"
@@ -201,6 +218,15 @@ class Fp8ScaledMM(_WhatIfLinear):
             _bind_triton_scaled_mm,
             label="what-if per-channel FP8 via Triton scaled_mm (sglang's fallback without CUTLASS FP8)",
         ),
+        Backend(
+            "torch.mm.bf16",
+            "torch:mm",
+            "torch",
+            "torch",
+            _bind_torch_mm_bf16,
+            requires=ANY_CUDA,
+            label="BF16 cuBLAS: what NVFP4-v2 runs at its BF16 projections (q_b_proj, kv_b_proj, ...)",
+        ),
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
@@ -211,6 +237,9 @@ class Fp8ScaledMM(_WhatIfLinear):
 
     def traffic(self, case: Case) -> Traffic:
         return _scaled_mm_traffic(case, "fp8", self._note(case))
+
+    def traffic_for(self, backend: str, case: Case) -> Traffic:
+        return _bf16_linear_traffic(case) if backend == "torch.mm.bf16" else self.traffic(case)
 
 
 # -- FP8 block-scaled (DeepSeek FP8: 1x128 activations, 128x128 weights) ----------------------------
@@ -332,7 +361,7 @@ class Fp8BlockwiseScaledMM(_WhatIfLinear):
         m, n, k = _mnk(case)
         scales = 4 * m * (k // fp8.GROUP) + 4 * math.ceil(n / fp8.GROUP) * math.ceil(k / fp8.GROUP)
         nbytes = m * k + weight_bytes(k, n, "fp8") + scales + m * n * OUT_BYTES["bf16"]
-        return Traffic(nbytes, gemm_flops(m, n, k), self._note(case))
+        return Traffic(nbytes, gemm_flops(m, n, k), self._note(case), compute="fp8")
 
     def traffic_for(self, backend: str, case: Case) -> Traffic:
         if backend != "flashinfer":
@@ -343,7 +372,10 @@ class Fp8BlockwiseScaledMM(_WhatIfLinear):
         )
         nbytes += m * n * OUT_BYTES["bf16"]
         return Traffic(
-            nbytes, gemm_flops(m, n, k), self._note(case) + "; BF16 activations, quantized in-kernel"
+            nbytes,
+            gemm_flops(m, n, k),
+            self._note(case) + "; BF16 activations, quantized in-kernel",
+            compute="fp8",
         )
 
 
@@ -429,7 +461,7 @@ def _qserve_traffic(case: Case, group_params: bool, note: str) -> Traffic:
     m, n, k = _mnk(case)
     nbytes = m * k + weight_bytes(k, n, "int4") + 2 * n + 2 * m + 2 * m * n  # in, W, wscales, ascales, out
     nbytes += 2 * n * (k // 128) if group_params else 2 * n + 2 * m  # int8 zeros+scales | w_szs + a_ssums
-    return Traffic(nbytes, gemm_flops(m, n, k), note)
+    return Traffic(nbytes, gemm_flops(m, n, k), note, compute="int8")  # int8 MMA on the unpacked weights
 
 
 _QSERVE_NOTE = (
@@ -632,7 +664,7 @@ class BmmFp8(Adapter):
             "torch",
             _bind_torch_bmm_bf16,
             requires=ANY_CUDA,
-            label="what NVFP4-v2 runs here: torch.bmm in BF16 (kv_b_proj is BF16); bytes shown are FP8's",
+            label="what NVFP4-v2 runs here: torch.bmm in BF16 (kv_b_proj is BF16)",
         ),
     ]
 
@@ -656,7 +688,15 @@ class BmmFp8(Adapter):
         d = case.dims
         b, m, k, n = int(d["b"]), int(d["M"]), int(d["K"]), int(d["N"])
         nbytes = b * m * k + b * k * n + 2 * 4 + b * m * n * OUT_BYTES["bf16"]
-        return Traffic(nbytes, gemm_flops(m, n, k, b), "per-tensor FP8 A and B; BF16 out")
+        return Traffic(nbytes, gemm_flops(m, n, k, b), "per-tensor FP8 A and B; BF16 out", compute="fp8")
+
+    def traffic_for(self, backend: str, case: Case) -> Traffic:
+        if backend != "torch.bmm.bf16":
+            return self.traffic(case)
+        d = case.dims
+        b, m, k, n = int(d["b"]), int(d["M"]), int(d["K"]), int(d["N"])
+        nbytes = 2 * (b * m * k + b * k * n) + b * m * n * OUT_BYTES["bf16"]
+        return Traffic(nbytes, gemm_flops(m, n, k, b), "BF16 A and B (torch.bmm); BF16 out")
 
 
 # -- dsv3_fused_a_gemm: fused_qkv_a_proj_with_mqa for T <= 16 ----------------------------------------

@@ -444,6 +444,7 @@ class FusedMoeKernel(Adapter):
             b,
             2 * t * topk * n * k,
             f"weights of {_n_active(case)} active experts (seed-0 routing); sorted-id metadata excluded",
+            compute="fp8" if fmt == "fp8_block" else "bf16",
         )
 
 
@@ -979,7 +980,8 @@ class _Fp8GroupedMm(Adapter):
         rows = t * topk
         a = rows * k + rows * (k // GROUP) * 4
         b = a + _n_active(case) * weight_bytes(n, k, "fp8_block") + rows * n * 2 + 4 * (4 * e + 1)
-        return Traffic(b, 2 * rows * n * k, f"weights of {_n_active(case)} active experts (seed-0 routing)")
+        note = f"weights of {_n_active(case)} active experts (seed-0 routing)"
+        return Traffic(b, 2 * rows * n * k, note, compute="fp8")
 
 
 @register
@@ -1100,7 +1102,8 @@ class CutlassW4a8MoeMm(Adapter):
         t, e, topk, n, k, _ = _moe_gemm_dims(case)
         rows = t * topk
         b = rows * k + 4 + _n_active(case) * weight_bytes(n, k, "w4a8") + rows * n * 2 + 4 * (4 * e + 1)
-        return Traffic(b, 2 * rows * n * k, f"weights of {_n_active(case)} active experts (seed-0 routing)")
+        note = f"weights of {_n_active(case)} active experts (seed-0 routing)"
+        return Traffic(b, 2 * rows * n * k, note, compute="fp8")  # int4 weights run as FP8 MMAs
 
 
 # -- flashinfer TRT-LLM fused MoE (sm100): trtllm_bf16_moe, trtllm_fp8_block_scale_moe ---------------------
@@ -1282,7 +1285,8 @@ def _moe_layer_traffic(case: Case, fmt: str, act_bytes: int) -> Traffic:
     x = t * h * act_bytes + (t * (h // GROUP) * 4 if act_bytes == 1 else 0)
     b = t * e * 4 + e * 2 + x + weights + t * h * 2
     flops = 2 * t * k * (2 * inter * h + inter * h)
-    return Traffic(b, flops, f"weights of {n_act} active experts (seed-0 routing); routing FLOPs excluded")
+    note = f"weights of {n_act} active experts (seed-0 routing); routing FLOPs excluded"
+    return Traffic(b, flops, note, compute="fp8" if act_bytes == 1 else "bf16")
 
 
 def _bind_trtllm_fp8(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
