@@ -509,6 +509,21 @@ class Recorder:
                     self.progress(twin, status, copy)
 
 
+def sweep_seed(opts: SweepOptions) -> int:
+    """The run's input seed: --seed, or a fresh one (recorded with the run either way)."""
+    return opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
+
+
+def timed_ceilings() -> dict[str, Any]:
+    """This GPU's measured ceilings, with the seconds they took (a start-up cost, reported)."""
+    from dskbench.measure import measure_ceilings
+
+    t0 = time.monotonic()
+    ceilings = measure_ceilings("cuda")
+    ceilings["measured_in_s"] = round(time.monotonic() - t0, 2)
+    return ceilings
+
+
 def run_sweep(
     items: list[WorkItem],
     skips: list[dict[str, Any]],
@@ -525,16 +540,12 @@ def run_sweep(
     t0 = time.monotonic()
     device = DeviceInfo.detect(opts.device)
     run_id = new_run_id()
-    run_seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
+    run_seed = sweep_seed(opts)
     env = environment(device)
     to_run, copies = dedupe_items(items) if opts.dedupe else (items, {})
     ceilings = None
     if device.kind == "cuda" and opts.measure_ceilings and items:
-        from dskbench.measure import measure_ceilings
-
-        t_ceil = time.monotonic()
-        ceilings = measure_ceilings("cuda")
-        ceilings["measured_in_s"] = round(time.monotonic() - t_ceil, 2)  # start-up cost, reported
+        ceilings = timed_ceilings()
     with ResultsWriter(out) as w:
         w.write(
             environment_record(

@@ -52,6 +52,8 @@ from dskbench.runner import (
     dedupe_items,
     measure_settings,
     multi_gpu_reason,
+    sweep_seed,
+    timed_ceilings,
     write_plan,
 )
 from dskbench.shapes import Case
@@ -268,13 +270,7 @@ def probe(kind: str, want_ceilings: bool) -> dict[str, Any]:
         raise ShardError(
             f"no CUDA GPU visible with CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}"
         )
-    ceilings = None
-    if device.kind == "cuda" and want_ceilings:
-        from dskbench.measure import measure_ceilings
-
-        t0 = time.monotonic()
-        ceilings = measure_ceilings("cuda")
-        ceilings["measured_in_s"] = round(time.monotonic() - t0, 2)  # start-up cost, reported
+    ceilings = timed_ceilings() if device.kind == "cuda" and want_ceilings else None
     return {
         "device": device_block(device),
         "ceilings": ceilings,
@@ -336,7 +332,7 @@ def run_sharded(
     to_run, copies = dedupe_items(items) if opts.dedupe else (items, {})
     shards, loads = shard_items(to_run, n, sweep_cost(to_run, opts, gate))
     run_id = new_run_id()
-    run_seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
+    run_seed = sweep_seed(opts)
     env = environment(DeviceInfo("cpu"))  # host, versions, git; the parent opens no CUDA context
     env["device"] = {**probes[0]["device"], "count": n}
     env["gpus"] = [

@@ -58,6 +58,11 @@ def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
     return list(by_kernel.values())
 
 
+def jobs_for(items: Sequence[WorkItem], jobs: int) -> int:
+    """Worker processes a warm-up of these items runs at once: no more than it has kernels."""
+    return max(1, min(jobs, len(_groups(warm_items(items)))))
+
+
 @dataclasses.dataclass
 class WarmResult:
     kernel: str
@@ -102,7 +107,7 @@ def run_warm(
     if not picked:
         return []
     groups = _groups(picked)
-    jobs = max(1, min(jobs, len(groups)))
+    jobs = jobs_for(items, jobs)
     wopts = dataclasses.replace(opts, warm_only=True, gpus=1, measure_ceilings=False)
     todo: queue.Queue[list[WorkItem]] = queue.Queue()
     for g in groups:
@@ -187,7 +192,7 @@ def warm(
         ),
     )
     wall = time.monotonic() - t0
-    jobs = max(1, min(jobs, len(_groups(warm_items(items))) or 1))
+    jobs = jobs_for(items, jobs)
     for line in summary_lines(results, wall, jobs):
         print(line)
     if out is not None:

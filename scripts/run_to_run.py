@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dskbench.measure.stats import quantile  # noqa: E402
 from dskbench.results import read_runs  # noqa: E402
 
 BANDS = ((0.0, 5.0), (5.0, 20.0), (20.0, 100.0), (100.0, 1000.0), (1000.0, float("inf")))
@@ -32,17 +33,12 @@ def medians(path: Path) -> dict[tuple[str, str], float]:
     return out
 
 
-def quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def spread(deltas: list[float]) -> dict[str, float]:
     a = [abs(d) for d in deltas]
     return {
         "pairs": len(a),
         "median_abs_pct": round(100 * statistics.median(a), 2),
-        "p90_abs_pct": round(100 * quantile(a, 0.9), 2),
+        "p90_abs_pct": round(100 * quantile(sorted(a), 0.9), 2),
         "max_abs_pct": round(100 * max(a), 2),
         "mean_signed_pct": round(100 * statistics.fmean(deltas), 2),
     }

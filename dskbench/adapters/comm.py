@@ -293,7 +293,24 @@ def _need_peer_access(
         raise Unavailable("another GPU of the group has no peer access (no P2P)")
 
 
-class SglCustomAllReduce(RankCollective):
+class _SglangAllReduce(RankCollective):
+    """What sglang's two custom all-reduces share once set up (`self.ca`): the call, the capture
+    context their graph buffers need, and the clean-up."""
+
+    ca: Any
+
+    def bind(self, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+        x, ca = inputs["x"], self.ca
+        return lambda: ca.custom_all_reduce(x)
+
+    def capture(self) -> Any:
+        return self.ca.capture()
+
+    def close(self) -> None:
+        self.ca.close()
+
+
+class SglCustomAllReduce(_SglangAllReduce):
     """sglang's CustomAllreduce (v1 over sgl_kernel's AOT ops)."""
 
     def __init__(self, ctx: RankContext, fn: Any = None):
@@ -311,18 +328,8 @@ class SglCustomAllReduce(RankCollective):
             return None
         return f"{_nbytes(x) / 2**20:.1f} MiB is over CustomAllreduce's {self.ca.max_size / 2**20:.0f} MiB: SGLang uses NCCL"
 
-    def bind(self, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-        x, ca = inputs["x"], self.ca
-        return lambda: ca.custom_all_reduce(x)
 
-    def capture(self) -> Any:
-        return self.ca.capture()
-
-    def close(self) -> None:
-        self.ca.close()
-
-
-class SglangJitAllReduce(RankCollective):
+class SglangJitAllReduce(_SglangAllReduce):
     """sglang's CustomAllReduceV2 (JIT): the algorithm its graph-mode config picks for the size."""
 
     def __init__(self, ctx: RankContext, fn: Any = None):
@@ -356,16 +363,6 @@ class SglangJitAllReduce(RankCollective):
     def detail(self, inputs: dict[str, Any], case: Case) -> str:
         algo = self._algo(inputs["x"])
         return f"algo {algo.algo_name}" if algo is not None else ""
-
-    def bind(self, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-        x, ca = inputs["x"], self.ca
-        return lambda: ca.custom_all_reduce(x)
-
-    def capture(self) -> Any:
-        return self.ca.capture()
-
-    def close(self) -> None:
-        self.ca.close()
 
 
 class FlashInferFusion(RankCollective):

@@ -309,13 +309,8 @@ def measure_collective(
     graph_cls, eager_cls = _cuda_timer_classes()
     with torch.cuda.device(index):
         clocks_before = cuda.nvml.read_clocks(index)
-        flush_bytes = buf = None
-        if mode == "cold":
-            flush_bytes = settings.flush_bytes or 2 * cuda.l2_bytes(index)
-            buf = cuda.flush_buffer(index, flush_bytes)
-        for i in range(math.ceil(max(settings.warmup_launches, 1) / n_sets) * n_sets):
-            fns[i % n_sets]()
-        torch.cuda.synchronize()
+        flush_bytes, buf = cuda.cold_flush(index, mode, settings)
+        cuda.warm_up(fns, settings)
         cold = mode == "cold"
         minimum = cuda.COLD_MIN_LAUNCHES if cold else 1
         per_launch = _eager_per_launch(fns, index)
@@ -338,48 +333,31 @@ def measure_collective(
         if timer is None:
             timer = eager_cls(*base, agree=agree)
             timer.prepare()
-        reads: list[dict[str, Any]] = []
-        last_read = [-math.inf]
-
-        def busy() -> None:
-            t = time.perf_counter()
-            if t - last_read[0] >= cuda.NVML_PERIOD_S:
-                last_read[0] = t
-                r = cuda.nvml.read_clocks(index)
-                if r is not None:
-                    reads.append(r)
-
+        clocks = cuda.ClockReader(index)
         gap = gap_for(settings, timer.method, mode)
         raw: list[float] = []
         try:
-            stopper = drive_collective(timer, settings, agree, busy, gap_us=gap, raw=raw)
+            stopper = drive_collective(timer, settings, agree, clocks, gap_us=gap, raw=raw)
         finally:
             timer.close()
         torch.cuda.synchronize()
         clocks_after = cuda.nvml.read_clocks(index)
-    throttled, reasons, during = cuda.nvml.judge(reads)
-    return assemble(
+    return cuda.finish(
         stopper,
-        method=timer.method,
+        timer,
         mode=mode,
-        device=f"cuda:{index}",
+        index=index,
         n_sets=n_sets,
-        launches_per_sample=timer.launches_per_sample,
-        wall_s=time.perf_counter() - t_start,
-        flush_us=timer.flush_us,
+        t_start=t_start,
         flush_bytes=flush_bytes,
-        fallback_reason=reason,
+        settings=settings,
+        reason=reason,
         clocks_before=clocks_before,
         clocks_after=clocks_after,
-        clocks_during=during,
-        throttled=throttled,
-        throttle_reasons=reasons,
-        notes=[
-            *timer.notes,
-            "collective: launch counts agreed by all ranks; first replay of each batch dropped",
-        ],
-        launch_gap_us=gap,
-        raw_samples=raw,
+        clocks=clocks,
+        notes=["collective: launch counts agreed by all ranks; first replay of each batch dropped"],
+        gap=gap,
+        raw=raw,
     )
 
 

@@ -391,57 +391,60 @@ class EagerTimer(_CudaTimer):
         return [_us(evs[j], evs[j + 1]) / g for j in range(k)]
 
 
-def measure_cuda(
-    launchers: list[Callable[[], Any]],
+class ClockReader:
+    """NVML clocks read while batches run, at most every NVML_PERIOD_S: the timers' `busy` hook, and
+    the reads the throttle verdict is made from."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.reads: list[dict[str, Any]] = []
+        self._last = -math.inf
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self._last >= NVML_PERIOD_S:
+            self._last = now
+            r = nvml.read_clocks(self.index)
+            if r is not None:
+                self.reads.append(r)
+
+
+def cold_flush(index: int, mode: str, settings: MeasureSettings) -> tuple[int | None, torch.Tensor | None]:
+    """(flush bytes, flush buffer) of a cold measurement; (None, None) when hot."""
+    if mode != "cold":
+        return None, None
+    nbytes = settings.flush_bytes or 2 * l2_bytes(index)
+    return nbytes, flush_buffer(index, nbytes)
+
+
+def warm_up(launchers: list[Callable[[], Any]], settings: MeasureSettings) -> None:
+    """JIT compilation, autotuning, handle creation, lazy loading: whole rotation rounds, then sync."""
+    n = len(launchers)
+    for i in range(math.ceil(max(settings.warmup_launches, 1) / n) * n):
+        launchers[i % n]()
+    torch.cuda.synchronize()
+
+
+def finish(
+    stopper: Any,
+    timer: _CudaTimer,
     *,
-    device: str,
     mode: str,
-    capturable: bool,
+    index: int,
+    n_sets: int,
+    t_start: float,
+    flush_bytes: int | None,
     settings: MeasureSettings,
+    reason: str | None,
+    clocks_before: dict[str, Any] | None,
+    clocks_after: dict[str, Any] | None,
+    clocks: ClockReader,
+    notes: list[str],
+    gap: float | None,
+    raw: list[float],
 ) -> Measurement:
-    t_start = time.perf_counter()
-    dev = torch.device(device)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    n_sets = len(launchers)
-    with torch.cuda.device(index):
-        clocks_before = nvml.read_clocks(index)
-        flush_bytes = None
-        buf = None
-        if mode == "cold":
-            flush_bytes = settings.flush_bytes or 2 * l2_bytes(index)
-            buf = flush_buffer(index, flush_bytes)
-        # warm-up: JIT compilation, autotuning, handle creation, lazy loading; whole rotation rounds
-        for i in range(math.ceil(max(settings.warmup_launches, 1) / n_sets) * n_sets):
-            launchers[i % n_sets]()
-        torch.cuda.synchronize()
-
-        def make(cls: type[_CudaTimer]) -> Callable[[], _CudaTimer]:
-            return lambda: cls(launchers, mode, settings, index, buf)
-
-        timer, reason = select_timer(capturable, make(GraphTimer), make(EagerTimer))
-        reads: list[dict[str, Any]] = []
-        last_read = [-math.inf]
-
-        def busy() -> None:
-            now = time.perf_counter()
-            if now - last_read[0] >= NVML_PERIOD_S:
-                last_read[0] = now
-                r = nvml.read_clocks(index)
-                if r is not None:
-                    reads.append(r)
-
-        gap = gap_for(settings, timer.method, mode)
-        gap_notes = []
-        if gap is None and settings.launch_gap_us:
-            gap_notes.append(f"no launch gap calibrated for {timer.method} {mode}: samples not corrected")
-        raw: list[float] = []
-        try:
-            stopper = drive(timer, settings, busy, gap_us=gap, raw=raw)
-        finally:
-            timer.close()
-        torch.cuda.synchronize()
-        clocks_after = nvml.read_clocks(index)
-    throttled, reasons, during = nvml.judge(reads)
+    """The Measurement of a CUDA timer's samples, with the clocks read around and during them."""
+    throttled, reasons, during = nvml.judge(clocks.reads)
     return assemble(
         stopper,
         method=timer.method,
@@ -459,7 +462,59 @@ def measure_cuda(
         clocks_during=during,
         throttled=throttled,
         throttle_reasons=reasons,
-        notes=[*timer.notes, *gap_notes],
+        notes=[*timer.notes, *notes],
         launch_gap_us=gap,
         raw_samples=raw,
+    )
+
+
+def measure_cuda(
+    launchers: list[Callable[[], Any]],
+    *,
+    device: str,
+    mode: str,
+    capturable: bool,
+    settings: MeasureSettings,
+) -> Measurement:
+    t_start = time.perf_counter()
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    n_sets = len(launchers)
+    with torch.cuda.device(index):
+        clocks_before = nvml.read_clocks(index)
+        flush_bytes, buf = cold_flush(index, mode, settings)
+        warm_up(launchers, settings)
+
+        def make(cls: type[_CudaTimer]) -> Callable[[], _CudaTimer]:
+            return lambda: cls(launchers, mode, settings, index, buf)
+
+        timer, reason = select_timer(capturable, make(GraphTimer), make(EagerTimer))
+        clocks = ClockReader(index)
+        gap = gap_for(settings, timer.method, mode)
+        gap_notes = []
+        if gap is None and settings.launch_gap_us:
+            gap_notes.append(f"no launch gap calibrated for {timer.method} {mode}: samples not corrected")
+        raw: list[float] = []
+        try:
+            stopper = drive(timer, settings, clocks, gap_us=gap, raw=raw)
+        finally:
+            timer.close()
+        torch.cuda.synchronize()
+        clocks_after = nvml.read_clocks(index)
+    return finish(
+        stopper,
+        timer,
+        mode=mode,
+        index=index,
+        n_sets=n_sets,
+        t_start=t_start,
+        flush_bytes=flush_bytes,
+        settings=settings,
+        reason=reason,
+        clocks_before=clocks_before,
+        clocks_after=clocks_after,
+        clocks=clocks,
+        notes=gap_notes,
+        gap=gap,
+        raw=raw,
     )
