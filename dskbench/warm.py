@@ -197,8 +197,11 @@ def warm(
         print(line)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
+        from dskbench.backends import DeviceInfo
+        from dskbench.environment import environment
+
         doc = {
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "environment": environment(DeviceInfo.detect(opts.device)),  # date, host, GPU, versions, git
             "wall_s": round(wall, 2),
             "jobs": jobs,
             "gpus": list(gpu_tokens or []),

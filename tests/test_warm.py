@@ -70,6 +70,7 @@ def test_cli_warm_writes_json_and_rejects_bad_input(monkeypatch, tmp_path, capsy
     assert cli.main(["warm", "--device", "cpu", "--kernel", "rmsnorm", "--jobs", "2", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["results"] and all(r["kernel"] == "rmsnorm" for r in doc["results"])
+    assert doc["environment"]["device"]["kind"] == "cpu" and "torch" in doc["environment"]["versions"]
     assert {r["backend"] for r in doc["results"]} == {"torch-ref"}  # a CPU can run the reference only
     assert all(r["status"] == "ok" for r in doc["results"])
     assert "warmed" in capsys.readouterr().out
