@@ -15,6 +15,23 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 SWEEPS = ("decode", "prefill", "decode_graph")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: workers stopped, the results file left whole, a message."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _case_timeout(s: str) -> float:
+    from dskbench.execution.limits import LimitError, parse_timeout
+
+    try:
+        return parse_timeout(s, "--case-timeout")
+    except LimitError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--case-timeout: ")) from None
+
+
 def _csv_ints(s: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in s.split(",") if x)
@@ -67,7 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--seed", type=int, help="input seed (default: fresh inputs every run)")
     run.add_argument("--budget", type=float, help="time budget per case, seconds")
-    run.add_argument("--no-isolate", action="store_true", help="run in this process (no crash isolation)")
+    run.add_argument(
+        "--no-isolate",
+        action="store_true",
+        help="run in this process (debugging: no crash isolation, no hang watch)",
+    )
+    run.add_argument(
+        "--case-timeout",
+        type=_case_timeout,
+        metavar="S",
+        help="kill a case's worker after S seconds without its result (0 = never; default: scaled from "
+        "the case's expected time, with room for a first-use JIT build; env DSKBENCH_CASE_TIMEOUT_S)",
+    )
     run.add_argument(
         "--gpus",
         help="shard the cases over this host's GPUs, one worker per GPU: 'all' or a count (default: one GPU)",
@@ -96,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     wm.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
     wm.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
     wm.add_argument("--tp", type=_csv_ints, default=(1,), help="tensor-parallel degrees (default 1)")
+    wm.add_argument(
+        "--case-timeout",
+        type=_case_timeout,
+        metavar="S",
+        help="kill a build's worker after S seconds without its result (0 = never; default: scaled)",
+    )
     wm.add_argument(
         "--jobs", type=int, help="builds at once (default: a quarter of the CPU cores, at most 16)"
     )
@@ -132,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if args.command == "registry":
             from dskbench.registry import cli_generate
@@ -139,6 +178,14 @@ def main(argv: list[str] | None = None) -> int:
             return cli_generate(args.traces, args.out, args.check)
         if args.command == "list":
             return cmd_list(args)
+        if args.command in ("run", "warm"):
+            from dskbench.execution.limits import LimitError, timeout_from_env
+
+            try:
+                timeout_from_env()
+            except LimitError as e:
+                print(f"dskbench: {e}", file=sys.stderr)
+                return EXIT_USAGE
         if args.command == "run":
             return cmd_run(args)
         if args.command == "warm":
@@ -156,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
             from dskbench.compare import cli_compare
 
             return cli_compare([args.old], [args.new], args.threshold, not args.no_fail, args.verbose)
-    except KeyboardInterrupt:
-        print("interrupted; results written so far are kept", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        term = isinstance(e, Terminated)
+        print(f"dskbench: interrupted ({'SIGTERM' if term else 'SIGINT'})", file=sys.stderr)
+        return 143 if term else 130
     return EXIT_USAGE
 
 
@@ -265,6 +313,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
         gpus=gpus,
         costs_from=tuple(str(p) for p in args.costs_from or ()),
+        case_timeout_s=args.case_timeout,
     )
     for p in opts.costs_from:
         if not Path(p).exists():
@@ -305,7 +354,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     where = f"{gpus} GPUs" if gpus > 1 else device
     print(f"{len(items)} cases on {where} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
-    summary = run_sweep(items, skips, opts, out, progress=Progress(len(items)))
+    try:
+        summary = run_sweep(items, skips, opts, out, progress=Progress(len(items)))
+    except KeyboardInterrupt as e:
+        from dskbench.execution.sweep import interrupted_message
+
+        print(interrupted_message(out, "SIGTERM" if isinstance(e, Terminated) else "SIGINT"), file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     print(summary.line())
     return EXIT_OK
 
@@ -339,6 +394,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         tp=args.tp,
         seed=0,
         measure_ceilings=False,
+        case_timeout_s=args.case_timeout,
     )
     registry, shapes = _registry_and_shapes()
     try:

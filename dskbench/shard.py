@@ -1,8 +1,8 @@
 """Several GPUs of one host: a sweep's items sharded over them, one worker process per GPU.
 
-Each GPU gets its own worker (the runner's worker protocol: BEGIN/RESULT/NEXT, a dead worker loses
-only its current case), started with CUDA_VISIBLE_DEVICES naming that GPU alone, driven by a thread of
-the parent. Records go through the runner's one thread-safe writer as they finish, each with the
+Each GPU is a slot of the execution engine's pool (dskbench/execution/): its workers are started with
+CUDA_VISIBLE_DEVICES naming that GPU alone and watched as on one GPU (a hung, crashed or poisoned case
+loses only itself). Records go through the engine's one thread-safe writer as they finish, each with the
 ``gpu_index`` it ran on; the environment record lists every GPU (identity, the CUDA_VISIBLE_DEVICES
 token its worker saw, its own measured ceilings).
 
@@ -33,9 +33,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,20 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.backends import DeviceInfo
-from dskbench.runner import (
-    Recorder,
-    SweepOptions,
-    SweepSummary,
-    WorkItem,
-    _one_worker,
-    dedupe_items,
-    measure_settings,
-    multi_gpu_reason,
-    sweep_seed,
-    timed_ceilings,
-    write_plan,
+from dskbench.execution.cost import (
+    UNIT_OVERHEAD_S,
+    item_cost,
 )
-from dskbench.shapes import Case
+from dskbench.execution.pool import Slot
+from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
+from dskbench.runner import SweepOptions, WorkItem, dedupe_items, measure_settings, sweep_seed, timed_ceilings
 
 # Set in every process a sharded sweep or comm_bench starts: NVLink multicast (NVLS, symmetric-memory
 # multicast) can put GPUs shared with other tenants out of service; nothing here may create it.
@@ -66,17 +56,8 @@ NO_MULTICAST_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 
-CASE_OVERHEAD_S = 0.5  # inputs, reference, check, graph capture, per case
-UNIT_OVERHEAD_S = 3.0  # a kernel's first use in a process: imports, JIT build, autotuning
-SETUP_BYTES_PER_S = 5e9  # input generation + fp32 reference + check, per byte of minimum traffic
-SKIP_COST_S = 0.01  # a case the GPU will skip (wrong architecture, needs several GPUs, ...)
 PROBE_PREFIX = "PROBE "
 PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU
-# A GPU's worker that gives no result for this long is killed (its case recorded as timed out, the
-# next worker resumes after it): a hung kernel or collective must not idle the GPU for the rest of the
-# sweep. Worker start-up and first-use JIT builds count (the slowest seen: Marlin, 219 s on an H200).
-CASE_TIMEOUT_S = 480.0
-CASE_TIMEOUT_ENV = "DSKBENCH_CASE_TIMEOUT_S"  # seconds; 0 disables
 
 
 class ShardError(ValueError):
@@ -123,30 +104,6 @@ def worker_env(token: str, base: Mapping[str, str] | None = None) -> dict[str, s
 
 
 # -- cost and assignment ---------------------------------------------------------------------------------
-
-
-def item_cost(item: WorkItem, device: DeviceInfo, budget_s: float) -> float:
-    """Estimated wall seconds of one item on one GPU (see the module docstring)."""
-    from dskbench.adapters import get_adapter
-
-    adapter = get_adapter(item.kernel)
-    backend = {b.name: b for b in adapter.all_backends()}.get(item.backend) if adapter else None
-    if adapter is None or backend is None:
-        return SKIP_COST_S
-    case = Case.from_json(item.case)
-    try:
-        skipped = (
-            backend.requires.reason_unmet(device)
-            or multi_gpu_reason(adapter.gpus_needed(case), device)
-            or adapter.skip_reason(case)
-            or (backend.skip(case) if backend.skip else None)
-        )
-        nbytes = adapter.traffic_for(item.backend, case).bytes
-    except Exception:  # noqa: BLE001 - an estimate; the worker reports the real failure
-        skipped, nbytes = None, 0
-    if skipped:
-        return SKIP_COST_S
-    return CASE_OVERHEAD_S + budget_s + nbytes / SETUP_BYTES_PER_S
 
 
 def measured_costs(paths: Sequence[Path]) -> dict[tuple[str, str], float]:
@@ -319,9 +276,7 @@ def run_sharded(
 ) -> SweepSummary:
     """run_sweep over opts.gpus GPUs: one writer, one worker per GPU at a time, records as they finish."""
     from dskbench.environment import environment, new_run_id
-    from dskbench.results import ResultsWriter, environment_record
 
-    t0 = time.monotonic()
     n = opts.gpus
     host = DeviceInfo.detect("cuda")
     parse_gpus(str(n), host.count)
@@ -345,151 +300,29 @@ def run_sharded(
         for g, p in enumerate(probes)
     ]
     worker_opts = dataclasses.replace(opts, gpus=1, host_gpus=host.count)
-    settings = {
+    limits = case_limits(opts, gate)
+    env["run_id"] = run_id
+    env["ceilings"] = probes[0]["ceilings"]
+    env["settings"] = {
         **dataclasses.asdict(opts),
         "run_seed": run_seed,
         "items": len(items),
         "copied_items": sum(len(c) for c in copies.values()),
         "shards": [len(s) for s in shards],
         "shard_estimate_s": loads,
+        "case_timeout": limits.describe(),
     }
-    with ResultsWriter(out) as w, tempfile.TemporaryDirectory(prefix="dskbench-shard-") as tmp:
-        w.write(
-            environment_record(
-                run_id, **env, ceilings=probes[0]["ceilings"], settings=settings, command=sys.argv
-            )
+    env["command"] = sys.argv
+    slots = [
+        Slot(
+            f"GPU {g}",
+            worker_plan(worker_opts, run_seed, probes[g]["ceilings"]),
+            env=worker_env(tokens[g]),
+            units=[shards[g]] if shards[g] else [],
         )
-        record = Recorder(w, run_id, progress, copies)
-        for s in skips:
-            record.skip(s)
-        stop = threading.Event()
-        watch = HangWatch(n, case_timeout())
-
-        def drive(g: int) -> None:
-            shard = shards[g]
-            local = [dataclasses.replace(it, index=j) for j, it in enumerate(shard)]
-            plan = write_plan(
-                Path(tmp) / f"plan-gpu{g}.json", local, worker_opts, run_seed, probes[g]["ceilings"]
-            )
-            env_g = worker_env(tokens[g])
-
-            def rec(item: WorkItem, fields: dict[str, Any]) -> None:
-                record(shard[item.index], watch.result(g, fields), gpu_index=g)
-
-            start = 0
-            while start < len(local) and not stop.is_set():
-                watch.started(g)
-                start = _one_worker(plan, local, start, rec, env=env_g, live=watch.live[g])
-
-        _run_threads(drive, n, stop, watch.live, record, watch=watch.check)
-        record.closed = True
-    return SweepSummary(out, record.counts, time.monotonic() - t0, len(items) + len(skips))
-
-
-def case_timeout(environ: Mapping[str, str] | None = None) -> float:
-    """Seconds a GPU's worker may go without a result (DSKBENCH_CASE_TIMEOUT_S, default CASE_TIMEOUT_S)."""
-    raw = (os.environ if environ is None else environ).get(CASE_TIMEOUT_ENV, "").strip()
-    try:
-        return max(0.0, float(raw)) if raw else CASE_TIMEOUT_S
-    except ValueError:
-        return CASE_TIMEOUT_S
-
-
-class HangWatch:
-    """Kills a GPU's worker that has gone `limit` seconds without a result (or since it started), so a
-    hung kernel loses its case, not the GPU's share of the sweep: the runner records the dead worker's
-    case as an error and starts the next worker after it; `result` says in that record why it died."""
-
-    def __init__(self, n: int, limit: float, clock: Callable[[], float] = time.monotonic):
-        self.limit, self.clock = limit, clock
-        self.live: list[set] = [set() for _ in range(n)]  # each GPU's running worker (runner's `live`)
-        self.last = [clock()] * n
-        self.killed = [False] * n
-        self._lock = threading.Lock()
-
-    def alive(self, g: int) -> None:
-        """GPU g shows progress: a result came."""
-        with self._lock:
-            self.last[g] = self.clock()
-
-    def started(self, g: int) -> None:
-        """A new worker starts on GPU g."""
-        with self._lock:
-            self.last[g], self.killed[g] = self.clock(), False
-
-    def result(self, g: int, fields: dict[str, Any]) -> dict[str, Any]:
-        """A result of GPU g, its reason rewritten when it is the death of a worker this watch killed."""
-        self.alive(g)
-        with self._lock:
-            killed, self.killed[g] = self.killed[g], False
-        reason = str(fields.get("reason", ""))
-        if killed and fields.get("status") == "error" and reason.startswith("worker process died"):
-            why = f"timed out: no result within {self.limit:.0f} s, the worker was killed ({reason})"
-            return {**fields, "reason": why[:2000]}
-        return fields
-
-    def check(self) -> None:
-        """Kill the worker of every GPU past its limit (called every ~0.2 s by _run_threads)."""
-        if self.limit <= 0:
-            return
-        now = self.clock()
-        for g, procs in enumerate(self.live):
-            with self._lock:
-                late = now - self.last[g] > self.limit
-                if late:
-                    self.last[g] = now  # one kill per limit
-            for p in list(procs) if late else ():
-                with self._lock:
-                    self.killed[g] = True
-                print(
-                    f"dskbench: GPU {g}: no result for {self.limit:.0f} s: killing its worker (pid {p.pid})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                p.kill()
-
-
-def _run_threads(
-    drive: Callable[[int], None],
-    n: int,
-    stop: threading.Event,
-    live: set | Sequence[set],
-    record,
-    watch: Callable[[], None] | None = None,
-) -> None:
-    """drive(g) for every GPU in parallel threads; on an interrupt stop the workers and start no more.
-    `live`: the running worker processes (one set, or one per GPU); `watch` runs every ~0.2 s."""
-    errors: list[BaseException] = []
-    lives = [live] if isinstance(live, set) else list(live)
-
-    def body(g: int) -> None:
-        try:
-            drive(g)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the parent thread
-            errors.append(e)
-            stop.set()
-
-    threads = [
-        threading.Thread(target=body, args=(g,), name=f"dskbench-gpu{g}", daemon=True) for g in range(n)
+        for g in range(n)
     ]
-    for t in threads:
-        t.start()
-    try:
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)
-                if watch is not None:
-                    watch()
-    except BaseException:
-        stop.set()
-        record.closed = True  # the stopped workers' "died" records would be false
-        for p in [p for procs in lives for p in list(procs)]:
-            p.terminate()
-        for t in threads:
-            t.join(10)
-        raise
-    if errors:
-        raise errors[0]
+    return execute(out, env, skips, slots, limits, copies, progress, tag=lambda g: {"gpu_index": g})
 
 
 def main(argv: list[str]) -> int:

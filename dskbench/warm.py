@@ -1,7 +1,6 @@
 """Build a sweep's JIT modules before the sweep, many at once: `dskbench warm`.
 
-Why: on a fresh GPU box most of a first sweep's wall time is compilation, not measuring (2 x H200,
-2026-11-21: 581 s of first launches in 1405 s of item time; two Marlin modules alone 414 s), and a
+Why: on a fresh GPU box most of a first sweep's wall time is compilation, not measuring, and a
 sweep compiles one module after another, in the order it meets them. The compilers are CPU work
 (nvcc through FlashInfer, tvm-ffi, torch extensions; Triton), so they can run side by side. Warming
 runs one item per (kernel, backend, variant) — the one that triggers the build — in `jobs` worker
@@ -9,25 +8,26 @@ processes at once, spread over the host's GPUs; each item is prepared exactly as
 (inputs, reference, bind, first launch, check) and nothing is timed. The caches they fill (FlashInfer's,
 tvm-ffi's, Triton's, torch's extension dir) are the ones the sweep then finds.
 
-The same worker protocol as a sweep: a crashing build loses its item only, a hung one is killed after
-the sweep's case time-out, and every item comes back with its status (a wrong result or a skip shows here
-already) and its first-launch seconds, the build time.
+The same engine as a sweep (dskbench/execution/: one pool, one worker protocol, one hang watch): a
+crashing build loses its item only, a hung one is killed at its case limit, and every item comes back
+with its status (a wrong result or a skip shows here already) and its first-launch seconds, the build
+time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import queue
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dskbench.runner import SweepOptions, WorkItem, _one_worker, write_plan
+from dskbench.backends import DeviceInfo
+from dskbench.execution.items import SweepOptions, WorkItem
+from dskbench.execution.pool import Pool, Slot
+from dskbench.execution.sweep import case_limits, worker_plan
 
 DEFAULT_MAX_JOBS = 16  # nvcc builds are memory- and core-hungry; more rarely helps on a 16-64 core host
 
@@ -101,52 +101,30 @@ def run_warm(
     gpu_tokens: CUDA_VISIBLE_DEVICES value of each GPU to spread the workers over (round robin by
     job); None leaves the environment as it is. Returns one WarmResult per item, in plan order.
     """
-    from dskbench.shard import HangWatch, _run_threads, case_timeout, worker_env
+    from dskbench.shard import worker_env
 
     picked = warm_items(items)
     if not picked:
         return []
-    groups = _groups(picked)
     jobs = jobs_for(items, jobs)
     wopts = dataclasses.replace(opts, warm_only=True, gpus=1, measure_ceilings=False)
-    todo: queue.Queue[list[WorkItem]] = queue.Queue()
-    for g in groups:
-        todo.put(g)
+    plan = worker_plan(wopts, opts.seed or 0, None)
+    slots = [
+        Slot(f"job {j}", plan, env=worker_env(gpu_tokens[j % len(gpu_tokens)]) if gpu_tokens else None)
+        for j in range(jobs)
+    ]
     results: dict[int, WarmResult] = {}
-    lock = threading.Lock()
-    stop = threading.Event()
-    watch = HangWatch(jobs, case_timeout())
 
-    class _Record:  # what _run_threads needs of a recorder: a flag it sets on an interrupt
-        closed = False
+    def record(_slot: int, item: WorkItem, fields: dict[str, Any]) -> None:
+        r = _result(item, fields)
+        results[item.index] = r
+        if progress:
+            progress(r)
 
-    with tempfile.TemporaryDirectory(prefix="dskbench-warm-") as tmp:
-
-        def drive(j: int) -> None:
-            env = worker_env(gpu_tokens[j % len(gpu_tokens)]) if gpu_tokens else None
-            n = 0
-            while not stop.is_set():
-                try:
-                    group = todo.get_nowait()
-                except queue.Empty:
-                    return
-                local = [dataclasses.replace(it, index=i) for i, it in enumerate(group)]
-                plan = write_plan(Path(tmp) / f"warm-{j}-{n}.json", local, wopts, opts.seed or 0, None)
-                n += 1
-
-                def rec(item: WorkItem, fields: dict[str, Any], group=group) -> None:
-                    r = _result(group[item.index], watch.result(j, fields))
-                    with lock:
-                        results[group[item.index].index] = r
-                    if progress:
-                        progress(r)
-
-                start = 0
-                while start < len(local) and not stop.is_set():
-                    watch.started(j)
-                    start = _one_worker(plan, local, start, rec, env=env, live=watch.live[j])
-
-        _run_threads(drive, jobs, stop, watch.live, _Record(), watch=watch.check)
+    limits = case_limits(
+        wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
+    )
+    Pool(slots, record, limits, shared=_groups(picked)).run()
     return [results[it.index] for it in picked if it.index in results]
 
 
@@ -197,7 +175,6 @@ def warm(
         print(line)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        from dskbench.backends import DeviceInfo
         from dskbench.environment import environment
 
         doc = {

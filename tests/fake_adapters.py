@@ -7,6 +7,7 @@ Loaded in worker subprocesses through DSKBENCH_EXTRA_ADAPTERS=tests.fake_adapter
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -102,3 +103,24 @@ class FakeRaise(_FakeNorm):
         _fake("fake", _bind_raise),
         Backend("missing", "no_such_module_xyz:fn", None, "aot", _bind_ok, requires=CPU_OK),
     ]
+
+
+def _bind_abort(fn, inputs, case):
+    def launch():
+        # dies as a process does on an asynchronous CUDA fault: the error, then advice lines, then gone
+        sys.stderr.write(
+            'Traceback (most recent call last):\n  File "kernel.py", line 3, in launch\n'
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call.\n"
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+        )
+        sys.stderr.flush()
+        os._exit(1)
+
+    return launch
+
+
+@register
+class FakeAbort(_FakeNorm):
+    kernel = "fake_abort"
+    backends = [_fake("fake", _bind_abort)]

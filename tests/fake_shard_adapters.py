@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from dskbench.adapters import register
 from dskbench.adapters.base import Check
@@ -32,9 +33,20 @@ class FakeEnv(_FakeNorm):
         return Check(chk.ok, chk.error, chk.tolerance, seen)
 
 
+HANG_DIR_ENV = "DSKBENCH_TEST_HANG_DIR"
+
+
+def hang_marker(folder, visible: str | None):
+    """The file a hung launch leaves for the test's clock: one per CUDA_VISIBLE_DEVICES value (a slot)."""
+    return Path(folder) / f"hung-{visible or '-'}"
+
+
 def _bind_hang(fn, inputs, case):
     def launch():
-        time.sleep(3600)  # a kernel (or collective) that never returns
+        folder = os.environ.get(HANG_DIR_ENV)
+        if folder:  # tell the test (pid inside) that this worker now hangs
+            hang_marker(folder, os.environ.get("CUDA_VISIBLE_DEVICES")).write_text(str(os.getpid()))
+        time.sleep(900)  # a kernel (or collective) that never returns (not forever: a safety net)
 
     return launch
 

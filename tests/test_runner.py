@@ -143,8 +143,8 @@ def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
     import gc
     import itertools
 
-    from dskbench import runner
     from dskbench.backends import DeviceInfo
+    from dskbench.execution import case as runner
 
     calls = []
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append(1))

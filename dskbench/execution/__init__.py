@@ -1,0 +1,13 @@
+"""The execution engine: every path that runs cases (a sweep on one GPU or sharded over several,
+`dskbench warm`, the asv and pytest-benchmark suites through the sweep) runs them here.
+
+    items.py    what runs: WorkItem, SweepOptions, seeds, twins
+    gate.py     whether a case can run on this device (the one gating chain)
+    case.py     one case in its process: prepare, check, time; every failure an error record
+    cost.py     a case's expected seconds (shard cut, hang limits)
+    limits.py   how long a case may run before it counts as hung
+    worker.py   the worker process
+    process.py  one watched worker process and its protocol; hung, crashed, poisoned cases lost alone
+    pool.py     slots (GPUs, build jobs) running units of items through watched workers
+    sweep.py    the results file, the environment record, the recorder, the run
+"""

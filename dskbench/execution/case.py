@@ -1,0 +1,317 @@
+"""One case, in the process that runs it: gate, resolve, build inputs, check against the reference,
+then time through the measurement core. Every failure becomes an error record (`run_one`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dskbench.adapters import get_adapter
+from dskbench.backends import Backend, DeviceInfo, Unavailable, resolve
+from dskbench.execution.gate import skip_reason
+from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
+from dskbench.shapes import Case
+
+# Substrings of errors after which the CUDA context cannot be trusted: the worker exits and is replaced.
+POISONING_ERRORS = (
+    "illegal memory access",
+    "illegal instruction",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "CUDA error: an illegal",
+    "cudaErrorLaunchFailure",
+    "context is destroyed",
+)
+
+
+def backend_block(b: Backend, resolved: Any = None) -> dict[str, Any]:
+    block: dict[str, Any] = {
+        "name": b.name,
+        "kind": b.kind,
+        "target": b.target,
+        "package": b.package,
+        "label": b.label,
+        "dispatches_to": b.dispatches_to,
+        "capturable": b.capturable,
+    }
+    if resolved is not None:
+        block.update(resolved_target=resolved.target, package=resolved.package, version=resolved.version)
+    return block
+
+
+@dataclass
+class Prepared:
+    """A case ready to time: inputs built, backend bound, output checked against the reference."""
+
+    adapter: Any
+    backend: Backend
+    resolved: Any
+    case: Case
+    inputs: dict[str, Any]
+    launch: Any
+    traffic: Any
+    device: str
+    seed: int
+
+
+def prepare_case(
+    kernel: str, case: Case, backend_name: str, device: DeviceInfo, seed: int
+) -> tuple[dict[str, Any], Prepared | None]:
+    """Gate, resolve, build inputs, run once and check against the reference.
+
+    Returns the record fields so far and a Prepared case; None when the fields already say why the
+    case stops here (status skipped or wrong). Exceptions propagate (the caller records them).
+    """
+    adapter = get_adapter(kernel)
+    if adapter is None:
+        raise PlanError(f"no adapter for {kernel}")
+    backends = {b.name: b for b in adapter.all_backends()}
+    if backend_name not in backends:
+        raise PlanError(f"{kernel} has no backend {backend_name!r} (it has {', '.join(backends)})")
+    backend = backends[backend_name]
+    base: dict[str, Any] = {
+        "case_id": case.id,
+        "kernel": case.kernel,
+        "op": case.op,
+        "variant": case.variant,
+        "phase": case.phase,
+        "point": case.point,
+        "dims": case.dims,
+        "seed": seed,
+        "backend": backend_block(backend),
+    }
+    reason = skip_reason(adapter, backend, case, device)
+    if reason:
+        return {**base, "status": "skipped", "reason": reason}, None
+    try:
+        resolved = resolve(backend)
+    except Unavailable as e:
+        return {**base, "status": "skipped", "reason": str(e)}, None
+    base["backend"] = backend_block(backend, resolved)
+    traffic = adapter.traffic_for(backend.name, case)
+    base["traffic"] = {
+        "bytes": traffic.bytes,
+        "flops": traffic.flops,
+        "compute": traffic.compute,
+        "note": traffic.note,
+    }
+    dev = "cuda" if device.kind == "cuda" else "cpu"
+    too_big = _memory_shortfall(traffic.bytes, dev)
+    if too_big:
+        return {**base, "status": "skipped", "reason": too_big}, None
+    stages: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        _sync(dev)
+        now = time.perf_counter()
+        stages[name] = round(now - t, 4)
+        t = now
+
+    inputs = adapter.make_inputs(case, dev, seed)
+    lap("inputs_s")
+    ref = adapter.reference(inputs, case)
+    lap("reference_s")
+    launch = backend.bind(resolved.fn, inputs, case)
+    lap("bind_s")
+    out = launch()
+    lap("first_launch_s")
+    chk = adapter.check(out, ref, case)
+    lap("check_s")
+    base["stages"] = stages
+    base["check"] = {"error": chk.error, "tolerance": chk.tolerance, "detail": chk.detail}
+    del out, ref
+    if not chk.ok:
+        why = f"relative error {chk.error:.3g} > tolerance {chk.tolerance:.1g}"
+        if chk.error <= chk.tolerance:  # failed on another of the adapter's criteria: say which
+            why = f"check failed: {chk.detail}"
+        elif chk.detail:
+            why += f" ({chk.detail})"
+        return {**base, "status": "wrong", "reason": why}, None
+    return base, Prepared(adapter, backend, resolved, case, inputs, launch, traffic, dev, seed)
+
+
+def execute_item(
+    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: dict | None
+) -> dict[str, Any]:
+    """Prepare (gate, resolve, check), then time through the measurement core. Returns record fields."""
+    if opts.host_gpus and opts.host_gpus > device.count:  # a shard's worker sees one GPU of several
+        device = dataclasses.replace(device, count=opts.host_gpus)
+    case = Case.from_json(item.case)
+    base, prep = prepare_case(
+        item.kernel, case, item.backend, device, case_seed(run_seed, case.id, item.backend)
+    )
+    base["category"] = item.category
+    if prep is None:
+        return base
+    if opts.warm_only:  # the JIT build happened in the first launch; the caches keep it for the sweep
+        return {**base, "status": "ok"}
+    from dskbench import measure as core
+
+    launchers = [prep.launch]
+    if opts.mode == "rotate":
+        launchers += _rotation_sets(prep)
+    settings = core.settings_with_gap(measure_settings(opts), ceilings)
+    mode = "hot" if opts.mode == "rotate" else opts.mode  # rotate: no flush, the sets overflow L2
+    t0 = time.perf_counter()
+    m = core.measure(
+        launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
+    )
+    base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
+    timing = _as_dict(m)
+    if not timing.get("n_samples") or timing.get("median_us") != timing.get("median_us"):  # none, or NaN
+        return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
+    timing["mode"] = opts.mode
+    timing["input_sets"] = len(launchers)
+    peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None
+    compute = {"int8": "fp8"}.get(prep.traffic.compute, prep.traffic.compute)
+    metrics = core.metrics(
+        timing["median_us"], prep.traffic.bytes, prep.traffic.flops, ceilings, peaks, compute=compute
+    )
+    clock_keys = ("clocks_before", "clocks_after", "throttled", "throttle_reasons")
+    clocks = {k: timing.pop(k) for k in clock_keys if k in timing}
+    return {**base, "status": "ok", "timing": timing, "metrics": metrics, "clocks": clocks}
+
+
+def measure_settings(opts: SweepOptions) -> Any:
+    """The core's settings for a sweep: quick lists get a short budget; a CPU run (reference timings,
+    some of them seconds per call) warms up once and stops at its budget."""
+    from dskbench.measure import MeasureSettings
+
+    settings = MeasureSettings.quick() if opts.profile in ("quick", "cpu") else MeasureSettings()
+    if opts.device == "cpu":
+        settings = dataclasses.replace(settings, warmup_launches=1, min_samples=1, min_time_s=0.0)
+    if opts.budget_s is not None:
+        settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
+    if opts.flush != settings.flush_kind:
+        settings = dataclasses.replace(settings, flush_kind=opts.flush)
+    return settings
+
+
+def _rotation_sets(prep: Prepared) -> list:
+    """Extra input sets so that, rotated, they overflow L2 (rotate mode: cold without a flush)."""
+    from dskbench.adapters.base import input_bytes
+
+    per_set = max(input_bytes(prep.inputs), 1)
+    n_extra = min(max(0, -(-3 * _l2_bytes(prep.device) // per_set) - 1), 63)
+    return [
+        prep.backend.bind(
+            prep.resolved.fn, prep.adapter.make_inputs(prep.case, prep.device, prep.seed + i + 1), prep.case
+        )
+        for i in range(n_extra)
+    ]
+
+
+def _l2_bytes(dev: str) -> int:
+    if dev != "cuda":
+        return 0
+    import torch
+
+    return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20))
+
+
+def _memory_shortfall(needed: int, dev: str) -> str | None:
+    if dev != "cuda":
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info()
+    if needed > 0.85 * free:
+        return f"needs at least {needed / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB free"
+    return None
+
+
+def _sync(dev: str) -> None:
+    if dev == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _as_dict(m: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(m):
+        return dataclasses.asdict(m)
+    if hasattr(m, "to_json"):
+        return m.to_json()
+    return dict(m)
+
+
+def is_poisoning(message: str) -> bool:
+    return any(s.lower() in message.lower() for s in POISONING_ERRORS)
+
+
+def timed_ceilings() -> dict[str, Any]:
+    """This GPU's measured ceilings, with the seconds they took (a start-up cost, reported)."""
+    from dskbench.measure import measure_ceilings
+
+    t0 = time.monotonic()
+    ceilings = measure_ceilings("cuda")
+    ceilings["measured_in_s"] = round(time.monotonic() - t0, 2)
+    return ceilings
+
+
+def run_one(
+    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings
+) -> dict[str, Any]:
+    """execute_item with every failure turned into an error record (the sweep goes on).
+
+    A CUDA error is often raised late (an asynchronous fault surfaces at the next synchronising call,
+    which may be the clean-up): the clean-up is guarded too, and its error becomes the case's reason."""
+    t0 = time.perf_counter()
+    try:
+        fields = execute_item(item, device, opts, run_seed, ceilings)
+        _free(device, force=fields.get("status") in ("error", "wrong"))
+    except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
+        fields = error_fields(item, e)
+        if not fields.get("poisoned"):
+            try:
+                _free(device, force=True)
+            except Exception as later:  # noqa: BLE001 - the context broke while cleaning up
+                fields = error_fields(item, later)
+        return fields
+    if isinstance(fields.get("stages"), dict):  # the whole item, set-up and clean-up included
+        fields["stages"]["item_s"] = round(time.perf_counter() - t0, 4)
+    return fields
+
+
+def error_fields(item: WorkItem, e: BaseException) -> dict[str, Any]:
+    """An error record for an exception: its type and message (the CUDA error text itself, not a log
+    tail), marked `poisoned` when the CUDA context cannot be trusted after it."""
+    msg = f"{type(e).__name__}: {e}".strip()
+    if "OutOfMemory" in type(e).__name__ or "out of memory" in msg.lower():
+        msg = "out of memory: " + msg
+    fields: dict[str, Any] = {**item.identity(), "status": "error", "reason": msg[:2000]}
+    if is_poisoning(msg):
+        fields["poisoned"] = True
+    return fields
+
+
+_FREE_EVERY = 32  # items between full clean-ups when nothing forces one
+_freed = itertools.count(1)  # items this process has cleaned up after
+
+
+def _free(device: DeviceInfo, force: bool = False) -> None:
+    """Return what a case left behind. A full gc.collect + empty_cache costs tens of milliseconds a
+    case (a few minutes over a full sweep), so it runs after failures, every _FREE_EVERY items, or when
+    the caching allocator holds over a third of the GPU; the allocator reuses the rest."""
+    import gc
+
+    periodic = next(_freed) % _FREE_EVERY == 0
+    cuda = False
+    if device.kind == "cuda":
+        import torch
+
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # nothing to free otherwise
+    if cuda and not force:
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        force = torch.cuda.memory_reserved() > total / 3
+    if not (force or periodic):
+        return
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()

@@ -1,0 +1,103 @@
+"""What the engine runs: a work item (kernel x case x backend) and the options of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from dskbench.shapes import Case
+
+MODES = ("cold", "hot", "rotate")
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    index: int
+    kernel: str
+    backend: str
+    case: dict[str, Any]
+    category: str | None = None
+
+    @property
+    def case_id(self) -> str:
+        return Case.from_json(self.case).id
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that name this item in every record, whatever happened to it."""
+        c = self.case
+        return {
+            "case_id": self.case_id,
+            "kernel": self.kernel,
+            "category": self.category,
+            "op": c["op"],
+            "variant": c.get("variant"),
+            "phase": c["phase"],
+            "point": c["point"],
+            "dims": c["dims"],
+            "backend": {"name": self.backend},
+        }
+
+
+@dataclass
+class SweepOptions:
+    device: str = "cuda"  # "cuda" or "cpu"
+    phases: tuple[str, ...] = ("decode", "prefill")
+    profile: str = "full"  # full | quick | cpu
+    tp: tuple[int, ...] = (1,)
+    mode: str = "cold"
+    flush: str = "write"  # cold mode's L2 flush: "write" (zero_) or "read" (MeasureSettings.flush_kind)
+    seed: int | None = None  # None: fresh inputs every run
+    isolate: bool = True
+    budget_s: float | None = None  # per-case time budget override
+    measure_ceilings: bool = True
+    dedupe: bool = True  # measure a (kernel, backend, dims, variant) once; its other ops' records copy it
+    gpus: int = 1  # >1: shard the items over this many GPUs, one worker process each (dskbench/shard.py)
+    host_gpus: int | None = None  # GPUs of the host when a worker sees only its own (multi-GPU gating)
+    warm_only: bool = False  # prepare (build, first launch, check) but time nothing: dskbench warm
+    costs_from: tuple[str, ...] = ()  # results files whose item times cut a sharded sweep (shard.py)
+    case_timeout_s: float | None = None  # hang limit per case; None: scaled from its expected time; 0: off
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SweepOptions:
+        """The options as a worker reads them back from its plan (lists become tuples again)."""
+        d = dict(d)
+        for k in ("phases", "tp", "costs_from"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+
+def case_seed(run_seed: int, case_id: str, backend: str) -> int:
+    return (run_seed + zlib.crc32(f"{case_id}|{backend}".encode())) % 2**31
+
+
+def sweep_seed(opts: SweepOptions) -> int:
+    """The run's input seed: --seed, or a fresh one (recorded with the run either way)."""
+    return opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
+
+
+def dedupe_items(items: list[WorkItem]) -> tuple[list[WorkItem], dict[int, list[WorkItem]]]:
+    """Items to run, and for each of them (by index) the items that launch the same kernel with the same
+    inputs: another op of the same shape (input_layernorm and post_attention_layernorm are both
+    [T, 7168]), or decode and prefill at the same T. Their records are copies of the measured one,
+    marked `shared_with` (Recorder)."""
+    first: dict[tuple[str, str, str, str], WorkItem] = {}
+    run: list[WorkItem] = []
+    copies: dict[int, list[WorkItem]] = {}
+    for it in items:
+        c = it.case
+        key = (it.kernel, it.backend, json.dumps(c["dims"], sort_keys=True), json.dumps(c.get("variant")))
+        primary = first.get(key)
+        if primary is None:
+            first[key] = it
+            run.append(it)
+        else:
+            copies.setdefault(primary.index, []).append(it)
+    return run, copies
+
+
+class PlanError(ValueError):
+    """A sweep request that names something that does not exist."""

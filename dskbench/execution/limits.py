@@ -1,0 +1,74 @@
+"""How long a case may run before its worker is killed as hung.
+
+A case's limit is scaled from its expected time (cost.item_cost): FACTOR times it, never below
+FLOOR_S. The first item of a (kernel, backend, variant) in a worker process gets FIRST_USE_S more,
+for a first-use JIT build or autotuning (nvcc builds of some modules take minutes). Starting a worker
+(imports, CUDA context) has its own limit. `--case-timeout S` (or DSKBENCH_CASE_TIMEOUT_S) replaces
+the scaled limit by a flat one; 0 turns the watch off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from dskbench.execution.items import WorkItem
+
+CASE_TIMEOUT_ENV = "DSKBENCH_CASE_TIMEOUT_S"  # seconds; 0 disables
+FLOOR_S = 60.0
+FACTOR = 10.0
+FIRST_USE_S = 600.0
+STARTUP_S = 300.0
+
+
+class LimitError(ValueError):
+    """A case time-out that is not a number of seconds >= 0."""
+
+
+def parse_timeout(raw: str, what: str) -> float:
+    """Seconds >= 0 from a flag or an environment variable; a one-line error otherwise."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LimitError(f"{what}: expected seconds (a number >= 0, 0 = no limit), got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise LimitError(f"{what}: expected seconds (a number >= 0, 0 = no limit), got {raw!r}")
+    return value
+
+
+def timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
+    """DSKBENCH_CASE_TIMEOUT_S when set (a flat limit, 0 = off), else None (scaled limits)."""
+    raw = (os.environ if environ is None else environ).get(CASE_TIMEOUT_ENV, "").strip()
+    return parse_timeout(raw, CASE_TIMEOUT_ENV) if raw else None
+
+
+@dataclass(frozen=True)
+class CaseLimits:
+    """Per-case hang limits. `flat_s`: a flat limit replacing the scaled one (0 = no watch at all)."""
+
+    expected_s: Callable[[WorkItem], float] = lambda item: 0.0
+    flat_s: float | None = None
+    startup_s: float = STARTUP_S
+
+    @property
+    def off(self) -> bool:
+        return self.flat_s == 0
+
+    def for_item(self, item: WorkItem, first_use: bool) -> float:
+        """Seconds `item` may take from its start to its result."""
+        if self.flat_s is not None:
+            return self.flat_s
+        try:
+            expected = max(0.0, float(self.expected_s(item)))
+        except Exception:  # noqa: BLE001 - an estimate: a broken one must not stop the sweep
+            expected = 0.0
+        return max(FLOOR_S, FACTOR * expected) + (FIRST_USE_S if first_use else 0.0)
+
+    def describe(self) -> str:
+        if self.off:
+            return "off"
+        if self.flat_s is not None:
+            return f"{self.flat_s:g} s per case"
+        return f"max({FLOOR_S:g} s, {FACTOR:g} x expected) per case, +{FIRST_USE_S:g} s for a first use"

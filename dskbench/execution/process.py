@@ -1,0 +1,194 @@
+"""One worker process, watched: its items' results as they come, and a case that hangs, crashes or
+poisons the CUDA context lost alone (the next worker starts after it).
+
+Protocol. The parent writes the plan as one JSON line on the worker's stdin and keeps stdin open;
+the worker prints ``BEGIN i`` before item i, ``RESULT {json}`` after it, and ``NEXT n`` when it exits
+on purpose (n = len(items) when done, i + 1 after a poisoning error). A worker whose stdin reaches
+end-of-file exits at once: its parent is gone (killed, even with SIGKILL), and it must not go on
+holding a GPU. Nothing is written to disk for a worker, so nothing is left behind on any exit path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dskbench.execution.items import WorkItem
+from dskbench.execution.limits import CaseLimits
+
+POLL_S = 0.2  # how often a waiting parent looks at the clock and the stop flag
+EXIT_POISONED = 3
+EXIT_ORPHANED = 4
+WORKER_MODULE = "dskbench.execution.worker"
+
+Record = Callable[[WorkItem, dict[str, Any]], None]
+
+
+def signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+_EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*)$")
+
+
+def last_words(stderr: str) -> str:
+    """The line of a dead worker's stderr that says what happened: a CUDA error's own text when there
+    is one (it is followed by advice lines that say nothing about this case), else the last exception
+    line, else the last few lines."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        m = re.search(r"CUDA error: .*", ln)
+        if m:
+            return m.group(0)[:500]
+    for ln in reversed(lines):
+        m = _EXC_LINE.match(ln)
+        if m:
+            return m.group(1)[:500]
+    return " | ".join(lines[-3:])[-500:]
+
+
+def death_reason(code: int | None, stderr: str) -> str:
+    how = f"killed by {signal_name(-code)}" if code is not None and code < 0 else f"exit code {code}"
+    words = last_words(stderr)
+    return f"worker process died ({how}) while running this case" + (f": {words}" if words else "")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the worker and whatever it started (compilers): it leads its own process group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+class WorkerProcess:
+    """Runs items[start:] of one plan in a fresh worker; `run` returns where the next must start."""
+
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        items: list[WorkItem],
+        record: Record,
+        limits: CaseLimits,
+        env: Mapping[str, str] | None = None,
+        stop: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        label: str = "",
+    ):
+        self.plan, self.items, self.record, self.limits = plan, items, record, limits
+        self.env, self.stop, self.clock, self.label = env, stop or threading.Event(), clock, label
+        self.proc: subprocess.Popen | None = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _kill(self.proc)
+
+    def run(self, start: int) -> int:
+        cmd = [sys.executable, "-m", WORKER_MODULE, str(start)]
+        lines: queue.Queue[str | None] = queue.Queue()
+        with tempfile.TemporaryFile(mode="w+") as err:
+            self.proc = proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                bufsize=1,
+                env=None if self.env is None else dict(self.env),
+                start_new_session=True,  # its own process group: a kill reaches its compilers too
+            )
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(json.dumps(self.plan, default=str) + "\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass  # it died before reading: its exit code and stderr say why
+            reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
+            reader.start()
+            try:
+                outcome = self._follow(proc, lines, start)
+            finally:
+                self.kill()
+                code = proc.wait()
+                reader.join(5)
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+            current, last_done, next_index, timed_out = outcome
+            if self.stop.is_set():
+                return len(self.items)  # interrupted: the caller stops; a killed case is not a result
+            if current is None and next_index is not None:
+                return next_index
+            failed = current if current is not None else last_done + 1
+            if failed >= len(self.items):
+                return failed
+            err.seek(0)
+            reason = timed_out or death_reason(code, err.read())
+        item = self.items[failed]
+        self.record(item, {**item.identity(), "status": "error", "reason": reason[:2000]})
+        return failed + 1
+
+    def _follow(self, proc, lines, start):
+        """Read the protocol until the worker ends; kill it when its current case runs past its limit."""
+        current: int | None = None
+        last_done, next_index, timed_out = start - 1, None, None
+        first_use: set[tuple[str, str, Any]] = set()
+        limit = self.limits.startup_s
+        deadline = None if self.limits.off else self.clock() + limit
+        while True:
+            try:
+                line = lines.get(timeout=POLL_S)
+            except queue.Empty:
+                if self.stop.is_set():
+                    self.kill()
+                elif deadline is not None and timed_out is None and self.clock() > deadline:
+                    timed_out = self._timed_out(current, limit)
+                    print(f"dskbench: {self.label}{timed_out}", file=sys.stderr, flush=True)
+                    self.kill()
+                continue
+            if line is None:
+                return current, last_done, next_index, timed_out
+            kind, _, payload = line.rstrip("\n").partition(" ")
+            if kind == "BEGIN":
+                current = int(payload)
+                it = self.items[current]
+                key = (it.kernel, it.backend, it.case.get("variant"))
+                limit = self.limits.for_item(it, key not in first_use)
+                first_use.add(key)
+                deadline = None if self.limits.off else self.clock() + limit
+            elif kind == "RESULT":
+                data = json.loads(payload)
+                self.record(self.items[data["index"]], data["fields"])
+                last_done, current = data["index"], None
+                limit = self.limits.startup_s  # clean-up until the next BEGIN
+                deadline = None if self.limits.off else self.clock() + limit
+            elif kind == "NEXT":
+                next_index = int(payload)
+
+    def _timed_out(self, current: int | None, limit: float) -> str:
+        if current is None:
+            return f"timed out: the worker gave no sign of life within {limit:.0f} s and was killed"
+        return f"timed out: no result within {limit:.0f} s ({self.limits.describe()}); the worker was killed"
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)

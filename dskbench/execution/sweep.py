@@ -1,0 +1,149 @@
+"""A sweep's execution, whatever the front end: open the results file, write the environment record,
+run the items through the pool (or in this process for debugging), record each result as it finishes.
+
+The single-GPU sweep (runner.run_sweep), the sharded one (shard.run_sharded), and through them the asv
+and pytest-benchmark suites all end here; `dskbench warm` uses the same pool and worker protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dskbench.backends import DeviceInfo
+from dskbench.execution.case import measure_settings, run_one
+from dskbench.execution.cost import item_cost
+from dskbench.execution.items import SweepOptions, WorkItem
+from dskbench.execution.limits import CaseLimits, timeout_from_env
+from dskbench.execution.pool import Pool, Slot
+from dskbench.results import ResultsWriter, environment_record, result_record
+
+
+@dataclass
+class SweepSummary:
+    out: Path
+    counts: Counter
+    wall_s: float
+    items: int
+
+    def line(self) -> str:
+        parts = ", ".join(f"{k} {self.counts.get(k, 0)}" for k in ("ok", "wrong", "skipped", "error"))
+        return f"{self.items} cases: {parts} in {self.wall_s:.1f} s -> {self.out}"
+
+
+class Recorder:
+    """The one writer of a sweep's result records: thread-safe, so that the workers of several GPUs
+    record through it as their cases finish. Counts statuses and reports progress."""
+
+    def __init__(
+        self,
+        writer: ResultsWriter,
+        run_id: str,
+        progress: Any = None,
+        copies: dict[int, list[WorkItem]] | None = None,
+    ):
+        self.writer, self.run_id, self.progress = writer, run_id, progress
+        self.copies = copies or {}  # item index -> items whose records copy its result (dedupe_items)
+        self.counts: Counter = Counter()
+        self.closed = False  # set once the sweep ends (an interrupted worker may still report)
+        self._lock = threading.Lock()
+
+    def skip(self, s: dict[str, Any]) -> None:
+        with self._lock:
+            self.writer.write(result_record(self.run_id, "skipped", backend={"name": "-"}, **s))
+            self.counts["skipped"] += 1
+
+    def __call__(self, item: WorkItem, fields: dict[str, Any], **extra: Any) -> None:
+        fields = {**fields, **extra}
+        fields.pop("poisoned", None)
+        status = fields.pop("status")
+        with self._lock:
+            if self.closed:
+                return
+            fields.setdefault("finished", round(time.time(), 3))  # unix seconds: sweep rate, wall per GPU
+            self.writer.write(result_record(self.run_id, status, index=item.index, **fields))
+            self.counts[status] += 1
+            if self.progress:
+                self.progress(item, status, fields)
+            for twin in self.copies.get(item.index, ()):
+                ident = twin.identity()
+                same = {k: ident[k] for k in ("case_id", "op", "variant", "phase", "point", "dims")}
+                copy = {**fields, **same, "shared_with": item.case_id}
+                self.writer.write(result_record(self.run_id, status, index=twin.index, **copy))
+                self.counts[status] += 1
+                if self.progress:
+                    self.progress(twin, status, copy)
+
+
+def case_limits(opts: SweepOptions, device: DeviceInfo) -> CaseLimits:
+    """The hang limits of a run: --case-timeout / DSKBENCH_CASE_TIMEOUT_S, else scaled per case."""
+    flat = opts.case_timeout_s if opts.case_timeout_s is not None else timeout_from_env()
+    budget = measure_settings(opts).max_time_s
+    return CaseLimits(expected_s=lambda it: item_cost(it, device, budget), flat_s=flat)
+
+
+def worker_plan(opts: SweepOptions, run_seed: int, ceilings: Any) -> dict[str, Any]:
+    """What every worker's plan carries besides its items."""
+    return {"opts": dataclasses.asdict(opts), "run_seed": run_seed, "ceilings": ceilings}
+
+
+def execute(
+    out: Path,
+    environment: dict[str, Any],
+    skips: Sequence[dict[str, Any]],
+    slots: Sequence[Slot],
+    limits: CaseLimits,
+    copies: dict[int, list[WorkItem]],
+    progress: Any = None,
+    in_process: Callable[[Callable[[WorkItem, dict[str, Any]], None]], None] | None = None,
+    tag: Callable[[int], dict[str, Any]] = lambda s: {},
+) -> SweepSummary:
+    """Write the environment record, the planning skips, then every item's record as it finishes.
+
+    `slots` hold the units to run (the pool's); `in_process` instead runs them here, no isolation
+    (debugging). `tag(s)` adds fields to the records of slot s (a sharded sweep's gpu_index). On an
+    interrupt the records written stay, later reports from dying workers are dropped, and the
+    exception goes on to the caller."""
+    t0 = time.monotonic()
+    run_id = environment["run_id"]
+    n_items = environment.get("settings", {}).get("items", 0)
+    with ResultsWriter(out) as w:
+        w.write(environment_record(**environment))
+        record = Recorder(w, run_id, progress, copies)
+        try:
+            for s in skips:
+                record.skip(s)
+            if in_process is not None:
+                in_process(record)
+            else:
+                pool = Pool(slots, lambda s, it, f: record(it, f, **tag(s)), limits)
+                pool.run()
+        finally:
+            record.closed = True
+    return SweepSummary(out, record.counts, time.monotonic() - t0, n_items + len(skips))
+
+
+def run_in_process(
+    items: Sequence[WorkItem], device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: Any
+) -> Callable[[Callable[[WorkItem, dict[str, Any]], None]], None]:
+    """The items run one after another in this process: no crash isolation, no hang watch (the
+    --no-isolate debugging mode)."""
+
+    def go(record: Callable[[WorkItem, dict[str, Any]], None]) -> None:
+        for item in items:
+            record(item, run_one(item, device, opts, run_seed, ceilings))
+
+    return go
+
+
+def interrupted_message(out: Path, signame: str) -> str:
+    return (
+        f"dskbench: interrupted ({signame}); every finished case is in {out} "
+        f"(continue with --out {out} --resume)"
+    )

@@ -1,0 +1,37 @@
+"""`dskbench` with the fake kernels of tests/fake_adapters.py and tests/fake_shard_adapters.py in its
+registry, for tests that must run the command line as a process (signals):
+
+    python -m tests.cli_with_fakes run --device cpu --kernel fake_ok ...
+"""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import tests.fake_adapters  # noqa: F401 - registers the fakes
+import tests.fake_shard_adapters  # noqa: F401
+from dskbench import cli
+from dskbench.shapes import default_shapes
+
+FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_abort", "fake_hang")
+
+
+def _entry(name: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        name=name,
+        status="benchmark",
+        status_reason="",
+        op_names=["input_layernorm"],
+        aliases=(),
+        category="test",
+    )
+
+
+def main(argv: list[str]) -> int:
+    cli._registry_and_shapes = lambda: ({k: _entry(k) for k in FAKES}, default_shapes())
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,275 @@
+"""The execution engine (dskbench/execution/) on the CPU with fake kernels: a case that hangs, crashes,
+dies with a CUDA error or poisons the context loses only itself, in every path (one GPU, several, warm);
+limits; interrupts (SIGTERM, SIGKILL of the parent) leave whole files and no processes behind.
+
+No test here depends on how fast this machine is: a hung case is detected through a clock the test
+drives (it jumps when the fake kernel says it hangs), and the process tests wait with generous limits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EXTRA = "tests.fake_adapters,tests.fake_shard_adapters"
+os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+
+import tests.fake_adapters  # noqa: E402,F401
+import tests.fake_shard_adapters  # noqa: E402,F401
+from dskbench import warm  # noqa: E402
+from dskbench.backends import DeviceInfo  # noqa: E402
+from dskbench.execution import case as case_mod  # noqa: E402
+from dskbench.execution import pool as pool_mod  # noqa: E402
+from dskbench.execution.items import SweepOptions  # noqa: E402
+from dskbench.execution.limits import FIRST_USE_S, FLOOR_S, CaseLimits, LimitError, timeout_from_env  # noqa: E402
+from dskbench.execution.process import death_reason, last_words  # noqa: E402
+from dskbench.results import read_runs  # noqa: E402
+from dskbench.runner import plan_sweep, run_sweep  # noqa: E402
+from dskbench.shapes import default_shapes  # noqa: E402
+from tests.fake_shard_adapters import HANG_DIR_ENV, hang_marker  # noqa: E402
+from tests.test_shard import _entry, _fake_host  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+N = len(default_shapes().values("decode_tokens", "cpu"))
+
+
+def _opts(**kw) -> SweepOptions:
+    base = dict(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1
+    )
+    return SweepOptions(**{**base, **kw})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")  # a zombie awaiting its reaper has exited
+
+
+@pytest.fixture()
+def hang_clock(tmp_path, monkeypatch):
+    """Each slot's hang watch reads a clock that leaps a million seconds at every reading while that
+    slot's worker says it hangs (the fake kernel's marker file names its pid) and the worker lives: the
+    watch fires at its next look, whatever the machine's load, and the clock stands still again once
+    the worker is gone."""
+    folder = tmp_path / "hang"
+    folder.mkdir()
+    monkeypatch.setenv(HANG_DIR_ENV, str(folder))
+
+    def clock_for(slot):
+        marker = hang_marker(folder, (slot.env or os.environ).get("CUDA_VISIBLE_DEVICES"))
+        leaps = [0]
+
+        def clock() -> float:
+            try:
+                pid = int(marker.read_text() or 0)
+            except (FileNotFoundError, ValueError):
+                pid = 0
+            if pid and _alive(pid):
+                leaps[0] += 1
+            return time.monotonic() + 1e6 * leaps[0]
+
+        return clock
+
+    monkeypatch.setattr(pool_mod, "clock_for", clock_for)
+    return folder
+
+
+def _sweep(tmp_path, kernels, **kw):
+    registry = {k: _entry(k) for k in kernels}
+    opts = _opts(**kw)
+    items, skips = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
+    out = tmp_path / "r.jsonl"
+    summary = run_sweep(items, skips, opts, out)
+    (run,) = read_runs([out])
+    return items, summary, run
+
+
+# -- reasons and limits ----------------------------------------------------------------------------------
+
+
+def test_a_dead_workers_reason_is_the_cuda_error_not_the_advice_after_it():
+    stderr = (
+        "Traceback (most recent call last):\n  File 'x.py', line 1\n"
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call.\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    )
+    assert last_words(stderr) == "CUDA error: an illegal memory access was encountered"
+    assert last_words("noise\nValueError: bad shape\n") == "ValueError: bad shape"
+    assert last_words("a\nb\nc\nd\n") == "b | c | d"
+    assert death_reason(-9, "").startswith("worker process died (killed by SIGKILL)")
+    assert death_reason(77, "") == "worker process died (exit code 77) while running this case"
+
+
+def test_limits_scale_with_the_expected_time_and_leave_room_for_a_first_build():
+    limits = CaseLimits(expected_s=lambda it: it)
+    assert limits.for_item(0.1, first_use=False) == FLOOR_S
+    assert limits.for_item(30.0, first_use=False) == 300.0
+    assert limits.for_item(0.1, first_use=True) == FLOOR_S + FIRST_USE_S
+    assert CaseLimits(expected_s=lambda it: 1 / 0).for_item(1, False) == FLOOR_S  # a broken estimate
+    flat = CaseLimits(expected_s=lambda it: 1e6, flat_s=30.0)
+    assert flat.for_item(0, True) == 30.0 and not flat.off
+    assert CaseLimits(flat_s=0.0).off
+    assert timeout_from_env({"DSKBENCH_CASE_TIMEOUT_S": "45"}) == 45.0
+    assert timeout_from_env({}) is None
+    for bad in ("soon", "-1", "nan", "inf"):
+        with pytest.raises(LimitError, match="DSKBENCH_CASE_TIMEOUT_S: expected seconds"):
+            timeout_from_env({"DSKBENCH_CASE_TIMEOUT_S": bad})
+
+
+def test_an_error_raised_while_cleaning_up_is_the_cases_error(monkeypatch):
+    registry = {"fake_ok": _entry("fake_ok")}
+    item = plan_sweep(registry, default_shapes(), ["fake_ok"], ["fake"], _opts())[0][0]
+
+    def late(device, force=False):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(case_mod, "_free", late)
+    fields = case_mod.run_one(item, DeviceInfo("cpu"), _opts(), 1, None)
+    assert fields["status"] == "error" and fields["poisoned"]
+    assert fields["reason"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+# -- every path survives hung and dying cases ------------------------------------------------------------
+
+
+def test_one_gpu_sweep_a_hung_case_is_killed_and_the_sweep_goes_on(tmp_path, hang_clock, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    kernels = ["fake_ok", "fake_hang", "fake_abort", "fake_wrong"]
+    items, summary, run = _sweep(tmp_path, kernels)
+    assert sorted(r["index"] for r in run.results) == list(range(len(items)))
+    by = {k: [r for r in run.results if r["kernel"] == k] for k in kernels}
+    assert all(r["status"] == "ok" for r in by["fake_ok"]) and len(by["fake_ok"]) == N
+    assert all(r["status"] == "wrong" for r in by["fake_wrong"])
+    assert all(r["status"] == "error" for r in by["fake_hang"]) and len(by["fake_hang"]) == N
+    first, *rest = by["fake_hang"]
+    assert first["reason"].startswith(f"timed out: no result within {FLOOR_S + FIRST_USE_S:.0f} s")
+    assert all(r["reason"].startswith("timed out: no result within") for r in rest)
+    assert all("the worker was killed" in r["reason"] for r in by["fake_hang"])
+    assert all(
+        r["reason"] == "worker process died (exit code 1) while running this case: "
+        "CUDA error: an illegal memory access was encountered"
+        for r in by["fake_abort"]
+    )
+    assert run.environment["settings"]["case_timeout"].startswith("max(60 s")
+    assert summary.counts == {"ok": N, "wrong": N, "error": 2 * N}
+
+
+def test_sharded_sweep_a_hung_case_loses_itself_not_its_gpu(tmp_path, hang_clock, monkeypatch):
+    _fake_host(monkeypatch, "0,1")
+    items, summary, run = _sweep(tmp_path, ["fake_ok", "fake_hang", "fake_crash"], gpus=2)
+    assert sorted(r["index"] for r in run.results) == list(range(len(items)))
+    hung = [r for r in run.results if r["kernel"] == "fake_hang"]
+    assert len(hung) == N and all(r["reason"].startswith("timed out: no result within") for r in hung)
+    assert all(r["status"] == "ok" for r in run.results if r["kernel"] == "fake_ok")
+    crash = [r for r in run.results if r["kernel"] == "fake_crash"]
+    assert all("worker process died (exit code 77)" in r["reason"] for r in crash)
+    assert {r["gpu_index"] for r in run.results} == {0, 1}
+
+
+def test_warm_a_hung_build_is_killed_and_the_others_are_built(tmp_path, hang_clock, monkeypatch):
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    kernels = ["fake_ok", "fake_hang", "fake_wrong"]
+    registry = {k: _entry(k) for k in kernels}
+    opts = SweepOptions(device="cpu", phases=("decode",), profile="cpu", seed=0, measure_ceilings=False)
+    items, _ = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
+    results = warm.run_warm(items, opts, jobs=2, gpu_tokens=["4", "5"])
+    by = {r.kernel: r for r in results}
+    assert [r.kernel for r in results] == kernels
+    assert by["fake_hang"].status == "error" and by["fake_hang"].reason.startswith("timed out")
+    assert by["fake_ok"].status == "ok" and by["fake_wrong"].status == "wrong"
+
+
+def test_a_failing_result_handler_stops_the_pool_and_raises(tmp_path):
+    registry = {"fake_ok": _entry("fake_ok")}
+    items, _ = plan_sweep(registry, default_shapes(), ["fake_ok"], ["fake"], _opts())
+    slots = [
+        pool_mod.Slot(f"s{i}", {"opts": _opts().__dict__, "run_seed": 1, "ceilings": None}) for i in range(2)
+    ]
+
+    def broken(slot, item, fields):
+        raise ValueError("the results disk is gone")
+
+    p = pool_mod.Pool(slots, broken, CaseLimits(), shared=[[it] for it in items])
+    with pytest.raises(ValueError, match="results disk is gone"):
+        p.run()
+    assert p.stop.is_set()
+
+
+# -- interrupts: whole files, no leftovers ---------------------------------------------------------------
+
+
+def _start_cli(tmp_path: Path, out: Path) -> tuple[subprocess.Popen, Path, Path]:
+    hang, tmp = tmp_path / "hang", tmp_path / "tmp"
+    hang.mkdir()
+    tmp.mkdir()
+    env = {
+        **os.environ,
+        "DSKBENCH_EXTRA_ADAPTERS": EXTRA,
+        HANG_DIR_ENV: str(hang),
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": str(REPO),
+    }
+    cmd = [sys.executable, "-m", "tests.cli_with_fakes", "run", "--device", "cpu", "--sweep", "decode"]
+    cmd += ["--kernel", "fake_ok", "--kernel", "fake_hang", "--backend", "fake", "--seed", "1"]
+    cmd += ["--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, hang, tmp
+
+
+def _wait_for_hang(proc: subprocess.Popen, hang: Path, limit_s: float = 300.0) -> int:
+    """The hung worker's pid, once it hangs (generous: start-up on a busy machine)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        markers = list(hang.iterdir())
+        if markers:
+            return int(markers[0].read_text() or 0)
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the fake kernel never started hanging")
+
+
+def _gone(pid: int, limit_s: float = 60.0) -> bool:
+    """The process has exited within the limit (generous)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_stops_the_run_with_a_message_a_whole_file_and_nothing_left(tmp_path):
+    out = tmp_path / "r.jsonl"
+    proc, hang, tmp = _start_cli(tmp_path, out)
+    worker = _wait_for_hang(proc, hang)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert "interrupted (SIGTERM)" in err and f"--out {out} --resume" in err and "Traceback" not in err
+    (run,) = read_runs([out])  # every line whole
+    assert [r["status"] for r in run.results] == ["ok"] * N  # fake_ok ran before the hang; nothing else
+    assert _gone(worker)
+    assert list(tmp.iterdir()) == []  # no temporary folder or file left behind
+
+
+def test_a_killed_run_takes_its_workers_with_it(tmp_path):
+    out = tmp_path / "r.jsonl"
+    proc, hang, tmp = _start_cli(tmp_path, out)
+    worker = _wait_for_hang(proc, hang)
+    proc.kill()  # SIGKILL: no handler runs in the parent
+    proc.communicate(timeout=60)
+    assert _gone(worker), "an orphaned worker kept running"
+    (run,) = read_runs([out])
+    assert len(run.results) == N
+    assert list(tmp.iterdir()) == []
