@@ -117,9 +117,14 @@ def test_cost_model_skips_cost_nothing():
     run = cost_model.item_cost(WorkItem(0, "fake_ok", "fake", t16.case), h200, 1.5)
     assert run >= cost_model.CASE_OVERHEAD_S + 1.5
     assert cost_model.item_cost(WorkItem(1, "fake_ok", "b200", t16.case), h200, 1.5) == cost_model.SKIP_COST_S
-    assert cost_model.item_cost(WorkItem(2, "no_such_kernel", "x", t16.case), h200, 1.5) == cost_model.SKIP_COST_S
+    assert (
+        cost_model.item_cost(WorkItem(2, "no_such_kernel", "x", t16.case), h200, 1.5)
+        == cost_model.SKIP_COST_S
+    )
     t512 = _item(3, "fake_ok", 512).case
-    assert cost_model.item_cost(WorkItem(3, "fake_ok", "fake", t512), h200, 1.5) > run  # more bytes, more time
+    assert (
+        cost_model.item_cost(WorkItem(3, "fake_ok", "fake", t512), h200, 1.5) > run
+    )  # more bytes, more time
 
 
 def test_gpus_of_different_models_are_refused():
