@@ -273,3 +273,16 @@ def test_a_killed_run_takes_its_workers_with_it(tmp_path):
     (run,) = read_runs([out])
     assert len(run.results) == N
     assert list(tmp.iterdir()) == []
+
+
+def test_a_build_is_seen_in_the_workers_process_group(tmp_path):
+    from dskbench.execution.process import compiling
+
+    proc = tmp_path / "proc"
+    for pid, state, pgrp in ((100, "S", 100), (101, "R", 100), (102, "S", 7), (103, "Z", 100)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (n v c) {state} 1 {pgrp} {pgrp} 0\n")
+    assert compiling(100, str(proc))  # 101 is in the worker's group: a compiler
+    (proc / "101" / "stat").write_text("101 (nvcc) S 1 7 7 0\n")
+    assert not compiling(100, str(proc))  # the worker alone, another group, and a zombie
+    assert not compiling(100, str(tmp_path / "no-proc"))

@@ -283,6 +283,8 @@ def error_fields(item: WorkItem, e: BaseException) -> dict[str, Any]:
     """An error record for an exception: its type and message (the CUDA error text itself, not a log
     tail), marked `poisoned` when the CUDA context cannot be trusted after it."""
     msg = f"{type(e).__name__}: {e}".strip()
+    if "CUDA error" in msg:  # the error's own line; the rest is advice (CUDA_LAUNCH_BLOCKING, docs links)
+        msg = msg.splitlines()[0]
     if "OutOfMemory" in type(e).__name__ or "out of memory" in msg.lower():
         msg = "out of memory: " + msg
     fields: dict[str, Any] = {**item.identity(), "status": "error", "reason": msg[:2000]}

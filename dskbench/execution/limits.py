@@ -1,10 +1,12 @@
 """How long a case may run before its worker is killed as hung.
 
 A case's limit is scaled from its expected time (cost.item_cost): FACTOR times it, never below
-FLOOR_S. The first item of a (kernel, backend, variant) in a worker process gets FIRST_USE_S more,
-for a first-use JIT build or autotuning (nvcc builds of some modules take minutes). Starting a worker
-(imports, CUDA context) has its own limit. `--case-timeout S` (or DSKBENCH_CASE_TIMEOUT_S) replaces
-the scaled limit by a flat one; 0 turns the watch off.
+FLOOR_S. The first item of a (kernel, backend, variant) in a worker process gets FIRST_USE_S more
+(imports, Triton compilation and autotuning in the process). A JIT build that runs compilers (nvcc,
+ninja: child processes of the worker) does not count against any limit, up to
+process.BUILD_GRACE_S: a hung kernel starts no compiler. Starting a worker (imports, CUDA context)
+has its own limit. `--case-timeout S` (or DSKBENCH_CASE_TIMEOUT_S) replaces the scaled limit by a
+flat one, first uses included; 0 turns the watch off.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dskbench.execution.items import WorkItem
 CASE_TIMEOUT_ENV = "DSKBENCH_CASE_TIMEOUT_S"  # seconds; 0 disables
 FLOOR_S = 60.0
 FACTOR = 10.0
-FIRST_USE_S = 600.0
+FIRST_USE_S = 120.0
 STARTUP_S = 300.0
 
 

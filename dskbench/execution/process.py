@@ -27,6 +27,7 @@ from dskbench.execution.items import WorkItem
 from dskbench.execution.limits import CaseLimits
 
 POLL_S = 0.2  # how often a waiting parent looks at the clock and the stop flag
+BUILD_GRACE_S = 900.0  # past its limit, a case may go on this long while its worker runs compilers
 EXIT_POISONED = 3
 EXIT_ORPHANED = 4
 WORKER_MODULE = "dskbench.execution.worker"
@@ -64,6 +65,27 @@ def death_reason(code: int | None, stderr: str) -> str:
     how = f"killed by {signal_name(-code)}" if code is not None and code < 0 else f"exit code {code}"
     words = last_words(stderr)
     return f"worker process died ({how}) while running this case" + (f": {words}" if words else "")
+
+
+def compiling(pgid: int, proc_dir: str = "/proc") -> bool:
+    """Whether the worker's process group holds another process: a compiler (nvcc, ninja, ptxas) that a
+    JIT build started. A hung kernel starts none, so a build is not mistaken for a hang. (Linux: no
+    /proc, no builds seen.)"""
+    try:
+        names = os.listdir(proc_dir)
+    except OSError:
+        return False
+    for name in names:
+        if not name.isdigit() or int(name) == pgid:
+            continue
+        try:
+            with open(f"{proc_dir}/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -159,6 +181,9 @@ class WorkerProcess:
                 if self.stop.is_set():
                     self.kill()
                 elif deadline is not None and timed_out is None and self.clock() > deadline:
+                    over = self.clock() - deadline
+                    if over < BUILD_GRACE_S and compiling(proc.pid):
+                        continue  # a JIT build: its time is not the kernel's
                     timed_out = self._timed_out(current, limit)
                     print(f"dskbench: {self.label}{timed_out}", file=sys.stderr, flush=True)
                     self.kill()
