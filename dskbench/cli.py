@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     run.add_argument(
+        "--allow-drift",
+        action="store_true",
+        help="run even where kernels_registry/ differs from what traces/ give (registry generate --check)",
+    )
+    run.add_argument(
         "--resume",
         action="store_true",
         help="skip cases --out already holds a final result for (appends a run)",
@@ -340,6 +345,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"dskbench: --costs-from {p}: no such file", file=sys.stderr)
             return EXIT_USAGE
     registry, shapes = _registry_and_shapes()
+    if not args.allow_drift:
+        from dskbench.registry import drift_message
+
+        if drift := drift_message():
+            raise UsageError(drift)
     try:
         kernels = select_kernels(registry, args.kernel)
         items, skips = plan_sweep(registry, shapes, kernels, args.backend, opts)

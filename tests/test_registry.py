@@ -17,6 +17,7 @@ from dskbench.registry import (
     check_registry,
     cli_generate,
     default_trace_files,
+    drift_message,
     generate,
     load_registry,
     render,
@@ -438,3 +439,35 @@ def test_a_minimal_entry_loads_and_a_missing_folder_is_named(tmp_path):
     assert (e.status, e.op_names, e.aliases, e.category) == ("host-only", ("a",), (), None)
     with pytest.raises(RegistryError, match="no_reg: no registry folder"):
         load_registry(tmp_path / "no_reg")
+
+
+# -- run compares the registry with the traces ------------------------------------------------------
+
+
+def test_run_refuses_a_drifted_registry_unless_allowed(reg_copy, monkeypatch, capsys):
+    from dskbench import cli
+
+    monkeypatch.setattr(paths, "REGISTRY_DIR", reg_copy)
+    args = ["run", "--device", "cpu", "--kernel", "rmsnorm", "--dry-run"]
+    assert cli.main(args) == 0  # an up-to-date copy runs
+    capsys.readouterr()
+    p = reg_copy / "rmsnorm.yaml"
+    p.write_text(p.read_text().replace("category: normalization", "category: gemm"))
+    (reg_copy / "silu_and_mul.yaml").unlink()
+    assert cli.main(args) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert (
+        err[-1].startswith("dskbench: ") and "rmsnorm, silu_and_mul" in err[-1] and "--allow-drift" in err[-1]
+    )
+    assert "cases to run" not in captured.out
+    assert cli.main([*args, "--allow-drift"]) == 0
+    assert "cases to run" in capsys.readouterr().out
+
+
+def test_no_trace_documents_no_drift_check(reg_copy, tmp_path, monkeypatch):
+    (reg_copy / "rmsnorm.yaml").write_text("name: rmsnorm\n")
+    monkeypatch.setattr(paths, "REGISTRY_DIR", reg_copy)
+    assert drift_message() is not None and "rmsnorm" in drift_message()
+    monkeypatch.setattr(paths, "TRACES_DIR", tmp_path / "no_traces")  # a registry installed alone
+    assert drift_message() is None
