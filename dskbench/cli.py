@@ -32,6 +32,10 @@ def _case_timeout(s: str) -> float:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--case-timeout: ")) from None
 
 
+class UsageError(Exception):
+    """Bad input found below a command: main() prints it as one `dskbench: ...` line and exits 2."""
+
+
 def _csv_ints(s: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in s.split(",") if x)
@@ -46,8 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     reg = sub.add_parser("registry", help="the kernel registry generated from the trace documents")
     reg_sub = reg.add_subparsers(dest="registry_command", required=True)
     gen = reg_sub.add_parser("generate", help="(re)generate kernels_registry/ from traces/")
-    gen.add_argument("--traces", nargs="+", type=Path, help="trace documents (default: every .md in traces/)")
-    gen.add_argument("--out", type=Path, help="output folder (default: kernels_registry/)")
+    gen.add_argument(
+        "--traces",
+        nargs="+",
+        type=Path,
+        help="trace documents (default: every .md in traces/); refused into a folder generated from more",
+    )
+    gen.add_argument(
+        "--out",
+        type=Path,
+        help="output folder: new, empty, or one generate wrote (default: kernels_registry/)",
+    )
     gen.add_argument("--check", action="store_true", help="fail if the committed registry differs")
 
     ls = sub.add_parser("list", help="kernels in the registry, their status, adapter and backends")
@@ -107,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --gpus: cut the shards by each case's time in these earlier results (repeatable)",
     )
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    run.add_argument(
+        "--allow-drift",
+        action="store_true",
+        help="run even where kernels_registry/ differs from what traces/ give (registry generate --check)",
+    )
     run.add_argument(
         "--resume",
         action="store_true",
@@ -203,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             from dskbench.compare import cli_compare
 
             return cli_compare([args.old], [args.new], args.threshold, not args.no_fail, args.verbose)
+    except UsageError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt as e:
         term = isinstance(e, Terminated)
         print(f"dskbench: interrupted ({'SIGTERM' if term else 'SIGINT'})", file=sys.stderr)
@@ -211,10 +232,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _registry_and_shapes():
-    from dskbench.registry import load_registry
+    from dskbench.registry import RegistryError, load_registry
     from dskbench.shapes import default_shapes
 
-    return load_registry(paths.REGISTRY_DIR), default_shapes()
+    try:
+        registry = load_registry(paths.REGISTRY_DIR)
+    except RegistryError as e:
+        raise UsageError(str(e)) from None
+    return registry, default_shapes()
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -320,6 +345,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"dskbench: --costs-from {p}: no such file", file=sys.stderr)
             return EXIT_USAGE
     registry, shapes = _registry_and_shapes()
+    if not args.allow_drift:
+        from dskbench.registry import drift_message
+
+        if drift := drift_message():
+            raise UsageError(drift)
     try:
         kernels = select_kernels(registry, args.kernel)
         items, skips = plan_sweep(registry, shapes, kernels, args.backend, opts)

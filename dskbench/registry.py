@@ -9,6 +9,7 @@ output is deterministic so ``--check`` can tell a stale registry from a current 
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from collections import defaultdict
@@ -552,7 +553,31 @@ def _shape_disagreement(op: str, tin: str, tout: str, shapes: ModelShapes) -> di
     }
 
 
-# -- files -----------------------------------------------------------------------------------------
+# -- the registry folder: generate owns it through a manifest ----------------------------------------
+
+MANIFEST = ".manifest"
+MANIFEST_HEADER = (
+    "# Written by `dskbench registry generate`: the files it wrote into this folder and the trace\n"
+    "# documents they come from. It rewrites and removes only the files listed here, and refuses a\n"
+    "# folder that holds any other file. Do not edit by hand.\n"
+)
+
+
+class RegistryError(ValueError):
+    """A registry folder or file dskbench cannot use; the message is one line naming the file (and line)."""
+
+
+def show_path(p: Path) -> str:
+    """`p` as the user would type it: relative to the working folder when it lies under it."""
+    try:
+        return str(p.absolute().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return str(p)
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    """`a, b, c and 4 more`: enough names for a one-line message."""
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def render(entry: dict[str, Any]) -> str:
@@ -564,22 +589,140 @@ def _entry_file(out_dir: Path, name: str) -> Path:
     return out_dir / f"{name}.yaml"
 
 
-def write_registry(entries: dict[str, dict], out_dir: Path | None = None) -> list[str]:
-    """Write every entry; remove files of kernels no trace names any more. Returns what changed."""
-    out_dir = Path(out_dir or paths.REGISTRY_DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    changed = []
-    for name, entry in entries.items():
-        p = _entry_file(out_dir, name)
-        text = render(entry)
-        if not p.exists() or p.read_text() != text:
+def _same(p: Path, text: str) -> bool:
+    return p.is_file() and p.read_text() == text
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What `generate` wrote into a folder (file names) and the trace documents it read (file names)."""
+
+    files: frozenset[str] = frozenset()
+    traces: frozenset[str] = frozenset()
+
+    def render(self) -> str:
+        data = {"traces": sorted(self.traces), "files": sorted(self.files)}
+        return MANIFEST_HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def read_manifest(folder: Path) -> Manifest | None:
+    """The folder's manifest; None when it has none. Only plain `*.yaml` names in this folder count as
+    files it may own, so a damaged manifest can never make generate touch anything else."""
+    p = folder / MANIFEST
+    if not p.exists():
+        return None
+    node, data = _read_yaml(p)
+    if node is None:
+        return Manifest()
+    fields = _fields(p, node, ("traces", "files"), "the manifest")
+    lists: dict[str, frozenset[str]] = {}
+    for key, (line, _) in fields.items():
+        names = data[key] or []
+        ok = isinstance(names, list) and all(isinstance(n, str) and Path(n).name == n for n in names)
+        _expect(p, line, key, names, ok, "a list of file names")
+        if key == "files":
+            bad = [n for n in names if n.startswith(".") or not n.endswith(".yaml")]
+            _expect(p, line, key, bad[:1], not bad, "registry file names (NAME.yaml)")
+        lists[key] = frozenset(names)
+    return Manifest(lists.get("files", frozenset()), lists.get("traces", frozenset()))
+
+
+def foreign_files(folder: Path, manifest: Manifest | None) -> list[str]:
+    """What `folder` holds that `generate` did not write: anything its manifest does not list."""
+    owned = manifest.files if manifest else frozenset()
+    return sorted(
+        p.name + ("/" if p.is_dir() else "")
+        for p in folder.iterdir()
+        if p.name != MANIFEST and p.name not in owned
+    )
+
+
+def claim_folder(folder: Path, trace_names: Iterable[str], partial: bool) -> Manifest:
+    """The manifest of a folder `generate` may write into; RegistryError saying why it may not.
+
+    A new or empty folder is claimed, and a folder generate wrote (its manifest lists every file
+    there) is its own; any other file makes the folder someone else's. A partial generate (`--traces`)
+    may not leave out documents the folder was generated from: the files of their kernels would be
+    rewritten from fewer documents, or removed.
+    """
+    where = show_path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise RegistryError(f"{where}: not a folder")
+    if not folder.exists():
+        return Manifest()
+    manifest = read_manifest(folder)
+    foreign = foreign_files(folder, manifest)
+    if foreign:
+        raise RegistryError(
+            f"{where} holds {len(foreign)} file(s) `dskbench registry generate` did not write "
+            f"({_few(foreign)}); it writes only into a new or empty folder or one it generated: "
+            "choose another --out, or move those files out"
+        )
+    if manifest is None:
+        return Manifest()
+    left_out = sorted(manifest.traces - set(trace_names))
+    if partial and left_out and manifest.files:
+        raise RegistryError(
+            f"{where} was generated from {len(manifest.traces)} trace documents and --traces leaves out "
+            f"{_few(left_out)}: their kernels' files would be rewritten from fewer documents or removed; "
+            "generate into a new folder (--out DIR), or name every document"
+        )
+    return manifest
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `write_registry` did, by kernel name."""
+
+    added: list[str]
+    changed: list[str]
+    removed: list[str]
+    unchanged: list[str]
+
+    def line(self, folder: Path) -> str:
+        parts = [
+            f"{len(names)} {what}" + (f" ({', '.join(names)})" if 0 < len(names) <= 10 else "")
+            for what, names in (("added", self.added), ("changed", self.changed), ("removed", self.removed))
+        ]
+        return f"wrote {show_path(folder)}: {', '.join(parts)}; {len(self.unchanged)} unchanged"
+
+
+def write_registry(
+    entries: dict[str, dict],
+    out_dir: Path | None = None,
+    trace_names: Iterable[str] = (),
+    partial: bool = False,
+) -> Written:
+    """Write every entry into a folder generate may write into (claim_folder); remove the files it
+    wrote earlier for kernels no trace names any more. Nothing it did not write is touched."""
+    folder = Path(out_dir or paths.REGISTRY_DIR)
+    traces = frozenset(trace_names)
+    old = claim_folder(folder, traces, partial)
+    texts = {_entry_file(folder, name).name: render(e) for name, e in entries.items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    # Own each file before writing it: an interrupted generate leaves no file its manifest misses.
+    _write_manifest(folder, Manifest(old.files | frozenset(texts), old.traces | traces))
+    added, changed, unchanged = [], [], []
+    for fname, text in texts.items():
+        p = folder / fname
+        kind = unchanged if _same(p, text) else changed if p.exists() else added
+        if kind is not unchanged:
             p.write_text(text)
-            changed.append(name)
-    for p in sorted(out_dir.glob("*.yaml")):
-        if p.stem not in entries:
+        kind.append(p.stem)
+    removed = []
+    for fname in sorted(old.files - frozenset(texts)):
+        p = folder / fname
+        if p.is_file():
             p.unlink()
-            changed.append(p.stem)
-    return sorted(changed)
+            removed.append(p.stem)
+    _write_manifest(folder, Manifest(frozenset(texts), traces))
+    return Written(sorted(added), sorted(changed), removed, sorted(unchanged))
+
+
+def _write_manifest(folder: Path, manifest: Manifest) -> None:
+    p, text = folder / MANIFEST, manifest.render()
+    if not _same(p, text):
+        p.write_text(text)
 
 
 def check_registry(entries: dict[str, dict], out_dir: Path | None = None) -> list[str]:
@@ -590,8 +733,67 @@ def check_registry(entries: dict[str, dict], out_dir: Path | None = None) -> lis
     return sorted(bad + stale)
 
 
-def _same(p: Path, text: str) -> bool:
-    return p.exists() and p.read_text() == text
+def check_folder(entries: dict[str, dict], out_dir: Path, trace_names: Iterable[str]) -> list[str]:
+    """Why `out_dir` is not what `generate` would leave there, one line each; [] when it is."""
+    where = show_path(out_dir)
+    problems = []
+    bad = check_registry(entries, out_dir)
+    if bad:
+        problems.append(f"registry {where} is out of date for: {', '.join(bad)}")
+    if out_dir.is_dir():
+        manifest = read_manifest(out_dir)
+        foreign = foreign_files(out_dir, manifest)
+        if foreign:
+            problems.append(f"registry {where} holds files generate did not write: {', '.join(foreign)}")
+        want = Manifest(frozenset(_entry_file(out_dir, n).name for n in entries), frozenset(trace_names))
+        if manifest is None:
+            problems.append(f"registry {where} has no manifest ({MANIFEST})")
+        elif not _same(out_dir / MANIFEST, want.render()):
+            problems.append(f"registry {where}: its manifest ({MANIFEST}) is out of date")
+    return problems
+
+
+def drift_message(registry_dir: Path | None = None) -> str | None:
+    """Why `run` should not use the registry as it is: it differs from what the trace documents give
+    (as `generate --check` finds), or cannot be compared with them. None when it matches, or when
+    there are no trace documents to compare with (a registry installed without its traces)."""
+    files = default_trace_files()
+    if not files:
+        return None
+    from dskbench.shapes import default_shapes
+
+    try:
+        entries = generate(files, default_shapes())
+    except (TraceError, ShapeError) as e:
+        return f"cannot compare the registry with the traces: {e} (--allow-drift runs without comparing)"
+    folder = Path(registry_dir or paths.REGISTRY_DIR)
+    drifted = check_registry(entries, folder)
+    if not drifted:
+        return None
+    return (
+        f"{show_path(folder)} differs from what the trace documents give for {_few(drifted)}: "
+        "run `dskbench registry generate`, or pass --allow-drift to run the registry as it is"
+    )
+
+
+# -- loading: every field the loader reads is checked, with the file and line in the message -------
+
+OP_KEYS = (
+    "name",
+    "trace_names",
+    "executed",
+    "reason",
+    "phases",
+    "layers",
+    "weight",
+    "shapes",
+    "in",
+    "out",
+    "sweeps",
+    "symbols",
+)
+_LIST_KEYS = ("definition", "call_sites", "unmatched_ops", "trace_shapes", "disagreements", "traces")
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it: 85 files load fast
 
 
 @dataclass(frozen=True)
@@ -607,10 +809,14 @@ class KernelEntry:
 
 
 def load_registry(dir: Path | None = None) -> dict[str, KernelEntry]:  # noqa: A002 - the agreed API name
+    """Every kernel file of the registry folder, checked; RegistryError names the first bad file."""
     d = Path(dir or paths.REGISTRY_DIR)
+    if not d.is_dir():
+        raise RegistryError(f"{show_path(d)}: no registry folder (`dskbench registry generate` writes it)")
+    files = {p.stem: p for p in sorted(d.glob("*.yaml")) if not p.name.startswith(".")}
     out = {}
-    for p in sorted(d.glob("*.yaml")):
-        raw = yaml.safe_load(p.read_text()) or {}
+    for p in files.values():
+        raw = _load_entry(p, files)
         out[raw["name"]] = KernelEntry(
             name=raw["name"],
             aliases=tuple(raw.get("aliases") or ()),
@@ -624,20 +830,143 @@ def load_registry(dir: Path | None = None) -> dict[str, KernelEntry]:  # noqa: A
     return out
 
 
+def _load_entry(p: Path, files: dict[str, Path]) -> dict[str, Any]:
+    """One kernel file, with the fields the loader reads checked (types, known keys, name = file name)."""
+    node, raw = _read_yaml(p)
+    if node is None:
+        raise RegistryError(f"{show_path(p)}:1: empty: expected a registry entry (name, status, ops, ...)")
+    fields = _fields(p, node, ENTRY_KEYS, "a registry entry")
+
+    def line(key: str) -> int:
+        return fields[key][0] if key in fields else node.start_mark.line + 1
+
+    if "name" not in fields:
+        raise RegistryError(f"{show_path(p)}:{line('name')}: no name: expected `name: {p.stem}`")
+    name = raw["name"]
+    _expect(p, line("name"), "name", name, isinstance(name, str), "the kernel name (a string)")
+    if name != p.stem:
+        other = files.get(name)
+        if other is not None:
+            raise RegistryError(
+                f"{show_path(p)}:{line('name')}: name {name!r} is the kernel of {show_path(other)}; "
+                f"a registry file holds the kernel its file name says ({p.stem!r}): "
+                "move this copy out of the registry folder"
+            )
+        raise RegistryError(
+            f"{show_path(p)}:{line('name')}: name {name!r} does not match the file name: expected {p.stem!r}"
+        )
+    aliases = raw.get("aliases") or []
+    ok = isinstance(aliases, list) and all(isinstance(a, str) for a in aliases)
+    _expect(p, line("aliases"), "aliases", aliases, ok, "a list of kernel names")
+    for key in ("category", "source"):
+        _expect(
+            p, line(key), key, raw.get(key), raw.get(key) is None or isinstance(raw[key], str), "a string"
+        )
+    status = raw.get("status", "benchmark")
+    _expect(p, line("status"), "status", status, status in STATUSES, f"one of {', '.join(STATUSES)}")
+    reason = raw.get("status_reason", "")
+    _expect(p, line("status_reason"), "status_reason", reason, isinstance(reason, str), "a string")
+    for key in _LIST_KEYS:
+        _expect(p, line(key), key, raw.get(key), isinstance(raw.get(key) or [], list), "a list")
+    ops = raw.get("ops") or []
+    _expect(p, line("ops"), "ops", ops, isinstance(ops, list), "a list of ops")
+    op_nodes = fields["ops"][1].value if "ops" in fields and ops else []
+    for op_node, op in zip(op_nodes, ops, strict=True):
+        op_fields = _fields(p, op_node, OP_KEYS, "an op")
+        at = op_node.start_mark.line + 1
+        if "name" not in op_fields:
+            raise RegistryError(f"{show_path(p)}:{at}: op with no name")
+        _expect(p, op_fields["name"][0], "name", op["name"], isinstance(op["name"], str), "an op name")
+        if "executed" in op_fields:
+            _expect(
+                p,
+                op_fields["executed"][0],
+                "executed",
+                op["executed"],
+                isinstance(op["executed"], bool),
+                "true or false",
+            )
+    return raw
+
+
+def _read_yaml(p: Path) -> tuple[yaml.Node | None, Any]:
+    """The YAML document of `p` as a node (for line numbers) and as data; RegistryError when unreadable."""
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise RegistryError(f"{show_path(p)}: cannot read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise RegistryError(f"{show_path(p)}:{line}: not valid UTF-8 (byte {raw[e.start]:#04x})") from None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    except yaml.MarkedYAMLError as e:
+        raise RegistryError(f"{show_path(p)}:{_yaml_error(e)}") from None
+    except yaml.YAMLError as e:
+        raise RegistryError(f"{show_path(p)}: not valid YAML: {' '.join(str(e).split())}") from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_error(e: yaml.MarkedYAMLError) -> str:
+    """`8: not valid YAML: did not find expected ',' or ']' (while parsing a flow sequence at line 7)`."""
+    mark = e.problem_mark or e.context_mark
+    line = mark.line + 1 if mark else 1
+    what = e.problem or "malformed"
+    if e.context:
+        at = e.context_mark.line + 1 if e.context_mark else line
+        what += f" ({e.context}" + (f" at line {at})" if at != line else ")")
+    return f"{line}: not valid YAML: {' '.join(what.split())}"
+
+
+def _fields(p: Path, node: yaml.Node, known: tuple[str, ...], what: str) -> dict[str, tuple[int, yaml.Node]]:
+    """Key -> (line, value node) of a mapping node. RegistryError for a node that is not a mapping, a
+    key given twice, or an unknown key (with the nearest known one: a typo must not drop a field)."""
+    where = show_path(p)
+    if not isinstance(node, yaml.MappingNode):
+        kind = "a list" if isinstance(node, yaml.SequenceNode) else f"{node.value!r}"
+        raise RegistryError(f"{where}:{node.start_mark.line + 1}: expected {what} (a mapping), got {kind}")
+    out: dict[str, tuple[int, yaml.Node]] = {}
+    for k, v in node.value:
+        line, key = k.start_mark.line + 1, str(k.value)
+        if key in out:
+            raise RegistryError(f"{where}:{line}: key {key!r} given twice (first at line {out[key][0]})")
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
+            raise RegistryError(f"{where}:{line}: unknown key {key!r} in {what}; {hint}")
+        out[key] = (line, v)
+    return out
+
+
+def _expect(p: Path, line: int, key: str, value: Any, ok: bool, expected: str) -> None:
+    if not ok:
+        got = repr(value)
+        got = got if len(got) <= 40 else got[:37] + "..."
+        raise RegistryError(f"{show_path(p)}:{line}: {key}: expected {expected}, got {got}")
+
+
 # -- command line ----------------------------------------------------------------------------------
 
 
 def cli_generate(traces: list[Path] | None, out: Path | None, check: bool) -> int:
     """`dskbench registry generate [--traces FILE...] [--out DIR] [--check]`: 0 ok, 1 check failed,
-    2 bad input."""
+    2 bad input. `--traces` is a partial generate: see claim_folder."""
     files = [Path(p) for p in traces] if traces else default_trace_files()
     out_dir = Path(out) if out else paths.REGISTRY_DIR
+    partial = bool(traces)
     try:
+        if not check:  # refuse a folder before any work, so nothing is printed that is not done
+            claim_folder(out_dir, [p.name for p in files], partial)
         docs = [parse_trace(p) for p in files]
         shapes = load_shapes()
         entries = build(docs, shapes, load_aliases())
-    except (TraceError, ShapeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (TraceError, ShapeError, RegistryError) as e:
+        print(f"dskbench: {e}", file=sys.stderr)
         return 2
     for doc in docs:
         n = sum(1 for e in entries.values() if any(t["doc"].startswith(doc.name + ":") for t in e["traces"]))
@@ -652,15 +981,20 @@ def cli_generate(traces: list[Path] | None, out: Path | None, check: bool) -> in
         if by_status.get(st):
             names = ", ".join(by_status[st]) if st != "benchmark" else ""
             print(f"  {st}: {len(by_status[st])}" + (f" ({names})" if names else ""))
-    if check:
-        bad = check_registry(entries, out_dir)
-        if bad:
-            print(f"registry {out_dir} is out of date for: {', '.join(bad)}")
-            print("run `dskbench registry generate` and commit the result")
-            return 1
-        print(f"registry {out_dir} is up to date")
-        return 0
-    changed = write_registry(entries, out_dir)
-    listed = f" ({', '.join(changed)})" if 0 < len(changed) <= 20 else ""
-    print(f"wrote {out_dir}: {len(changed)} file(s) changed{listed}")
+    names = [d.name for d in docs]
+    try:
+        if check:
+            problems = check_folder(entries, out_dir, names)
+            for line in problems:
+                print(line)
+            if problems:
+                print("run `dskbench registry generate` and commit the result")
+                return 1
+            print(f"registry {show_path(out_dir)} is up to date")
+            return 0
+        written = write_registry(entries, out_dir, names, partial)
+    except RegistryError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return 2
+    print(written.line(out_dir))
     return 0
