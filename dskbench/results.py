@@ -296,6 +296,8 @@ def finished_cases(runs: Iterable[Run], retry_errors: bool = False) -> set[tuple
 # fresh inputs, since every run of that policy draws new ones anyway. The time budget, dedupe and the
 # GPU count change how long a sweep takes, not what a record means, so they may differ.
 RESUME_SETTINGS = ("device", "profile", "phases", "tp", "mode", "flush", "seed")
+# Settings that were fixed before they became options: a file that does not record them used these.
+_BEFORE_RECORDED = {"flush": "write"}  # cold mode always flushed L2 by writing a buffer
 
 
 def settings_differences(runs: Iterable[Run], settings: dict[str, Any]) -> list[str]:
@@ -304,7 +306,7 @@ def settings_differences(runs: Iterable[Run], settings: dict[str, Any]) -> list[
     now = {k: _shown(k, settings.get(k)) for k in RESUME_SETTINGS}
     earlier: dict[str, list[str]] = {k: [] for k in RESUME_SETTINGS}
     for run in runs:
-        recorded = run.environment.get("settings") or {}
+        recorded = {**_BEFORE_RECORDED, **(run.environment.get("settings") or {})}
         for k in RESUME_SETTINGS:
             old = _shown(k, recorded[k]) if k in recorded else "not recorded"
             if old != now[k] and old not in earlier[k]:
