@@ -118,7 +118,7 @@ def prepare_append(path: Path, repair: bool = True) -> int:
 
 def _check_first_line(path: Path, line: bytes) -> None:
     """Refuse a file that does not start with one of our environment records."""
-    rec = _parse(line) if line.endswith(b"\n") else None
+    rec = _parse(line)
     if not (isinstance(rec, dict) and rec.get("record") == "environment"):
         raise ResultsError(
             f"{path} is not a dskbench results file (its first line is not a dskbench environment "

@@ -178,6 +178,8 @@ def test_only_the_unfinished_last_line_is_ever_cut(tmp_path, capsys):
     p, before = _file_with(tmp_path, env, tail=json.dumps(ok).encode())
     assert prepare_append(p) == 0 and p.read_bytes() == before + b"\n"
     assert capsys.readouterr().err == ""
+    p.write_bytes(json.dumps(env).encode())  # killed right after its first record's last brace
+    assert prepare_append(p) == 0 and read_runs([p])[0].run_id == "r1" and p.read_bytes().endswith(b"}\n")
     # a damaged line that did end (a middle line, or the last one with its newline) is not ours to cut
     p, before = _file_with(tmp_path, env, ok, tail=b"{damaged\n")
     assert prepare_append(p) == 0 and p.read_bytes() == before
