@@ -128,7 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume",
         action="store_true",
-        help="skip cases --out already holds a final result for (appends a run)",
+        help="skip the cases --out already holds a record for, errors included (appends a run; needs --out)",
+    )
+    run.add_argument(
+        "--retry-errors",
+        action="store_true",
+        help="with --resume: run again the cases whose last record is an error (a crash, a time-out)",
+    )
+    run.add_argument(
+        "--allow-mixed-settings",
+        action="store_true",
+        help="with --resume: add to a file measured with other settings (sweep, tp, mode, flush, seed, ...)",
     )
 
     wm = sub.add_parser(
@@ -305,6 +315,13 @@ def _sweeps(asked: list[str] | None) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels
 
+    for flag in ("retry_errors", "allow_mixed_settings"):
+        if getattr(args, flag) and not args.resume:
+            print(f"dskbench: --{flag.replace('_', '-')} applies only with --resume", file=sys.stderr)
+            return EXIT_USAGE
+    if args.resume and args.out is None:
+        print("dskbench: --resume needs --out FILE, the results file to continue", file=sys.stderr)
+        return EXIT_USAGE
     device, note = _device_choice(args.device)
     if note:
         print(note, file=sys.stderr)
@@ -357,20 +374,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"dskbench: {e}", file=sys.stderr)
         return EXIT_USAGE
     out = args.out or paths.RESULTS_DIR / f"run-{device}-{_stamp()}.jsonl"
-    if args.resume:
-        from dskbench.results import ResultsError, read_runs
-        from dskbench.runner import finished_keys
+    from dskbench.results import ResultsError
 
-        try:
-            done = finished_keys(read_runs([out])) if out.exists() else set()
-        except ResultsError as e:
-            print(f"dskbench: cannot resume: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        before = len(items)
-        kept = [i for i in items if (i.case_id, i.backend) not in done]
-        items = [dataclasses.replace(i, index=n) for n, i in enumerate(kept)]
-        skips = [s for s in skips if (s["case_id"], "-") not in done]
-        print(f"resuming {out}: {before - len(items)} cases already done", file=sys.stderr)
+    try:
+        items, skips = _open_out(out, args, opts, items, skips)
+    except ResultsError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if args.dry_run:
         for it in items:
             print(f"{it.case_id}  {it.backend}")
@@ -393,6 +403,53 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 143 if isinstance(e, Terminated) else 130
     print(summary.line())
     return EXIT_OK
+
+
+def _open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips: list) -> tuple[list, list]:
+    """Check --out before anything runs (ours or new; an unfinished last line cut off) and, with
+    --resume, drop the cases it already holds. Raises ResultsError with a one-line reason."""
+    from dskbench.results import (
+        ResultsError,
+        finished_cases,
+        latest_by_case,
+        prepare_append,
+        read_runs,
+        settings_differences,
+    )
+
+    dropped = prepare_append(out, repair=not args.dry_run)
+    if dropped and args.dry_run:
+        print(f"{out}: its unfinished last line ({dropped} bytes) would be cut off", file=sys.stderr)
+    if not args.resume:
+        return items, skips
+    if not out.exists():
+        print(f"resuming {out}: no such file yet, starting it", file=sys.stderr)
+        return items, skips
+    try:
+        runs = read_runs([out])
+    except ResultsError as e:
+        raise ResultsError(f"cannot resume: {e}") from None
+    differ = "; ".join(settings_differences(runs, dataclasses.asdict(opts)))
+    if differ and not args.allow_mixed_settings:
+        raise ResultsError(
+            f"cannot resume {out}: it was measured with other settings ({differ}); "
+            "pass --allow-mixed-settings to add to it anyway"
+        )
+    if differ:
+        print(f"resuming {out} with other settings than its earlier runs ({differ})", file=sys.stderr)
+    done = finished_cases(runs, args.retry_errors)
+    latest = latest_by_case(runs)
+    before = len(items)
+    kept = [i for i in items if (i.case_id, i.backend) not in done]
+    errors = sum(1 for i in items if latest.get((i.case_id, i.backend), {}).get("status") == "error")
+    items = [dataclasses.replace(i, index=n) for n, i in enumerate(kept)]
+    skips = [s for s in skips if (s["case_id"], "-") not in done]
+    if args.retry_errors:
+        note = f", {errors} errors to run again" if errors else ""
+    else:
+        note = f" ({errors} of them errors, kept: --retry-errors runs them again)" if errors else ""
+    print(f"resuming {out}: {before - len(items)} cases already done{note}", file=sys.stderr)
+    return items, skips
 
 
 def cmd_warm(args: argparse.Namespace) -> int:

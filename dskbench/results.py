@@ -2,7 +2,9 @@
 
 A file holds one or more runs. Each run starts with an ``environment`` record; every case then writes
 one ``result`` record. Records are appended and flushed one by one, so an interrupted sweep keeps
-everything it finished. docs/results-schema.md describes every field.
+everything it finished. Before appending, a writer checks that an existing file is ours and cuts off a
+last line that a killed process left unfinished (prepare_append). docs/results-schema.md describes
+every field.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import gzip
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +38,11 @@ class Run:
 
 
 class ResultsWriter:
-    """Appends records to a JSON-lines file, flushing and fsyncing each one."""
+    """Appends records to a JSON-lines file, flushing and fsyncing each one.
+
+    An existing file must be a dskbench results file; an unfinished last line is cut off first
+    (prepare_append), so that the new records start on a line of their own.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -44,7 +51,11 @@ class ResultsWriter:
                 f"{self.path}: results are written as plain JSON lines (gzip the file afterwards)"
             )
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("a", encoding="utf-8")
+        prepare_append(self.path)
+        try:
+            self._fh = self.path.open("a", encoding="utf-8")
+        except OSError as e:
+            raise ResultsError(f"cannot write {self.path}: {e.strerror or e}") from None
 
     def write(self, record: dict[str, Any]) -> None:
         validate_record(record)
@@ -60,6 +71,100 @@ class ResultsWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_LINE_MAX = 1 << 24  # longer than any record we write (an environment record is tens of kilobytes)
+
+
+def prepare_append(path: Path, repair: bool = True) -> int:
+    """Make an existing results file safe to append to; return the bytes of an unfinished last line.
+
+    A missing or empty file is fine. Any other file must start with a dskbench environment record of
+    this schema, or ResultsError is raised and the file is left as it is: `--out README.md` must not
+    gain JSON lines. A last line without its newline is what a process killed mid-write (or a full
+    disk) leaves: readers skip it, but appending onto it would glue the next record to it and damage
+    the file for every later reader. With `repair` it is cut off and the user told on stderr; a last
+    line that holds a whole record and lacks only its newline gets the newline instead. Nothing but
+    that last line is ever changed.
+    """
+    try:
+        if not path.exists() or path.stat().st_size == 0:
+            return 0
+        with path.open("r+b") as fh:
+            _check_first_line(path, fh.readline(_LINE_MAX))
+            size = fh.seek(0, os.SEEK_END)
+            start = _last_line_start(fh, size)
+            if start == size:
+                return 0
+            fh.seek(start)
+            if _is_record(fh.read(_LINE_MAX + 1)):
+                if repair:
+                    fh.seek(0, os.SEEK_END)
+                    fh.write(b"\n")
+                    _sync(fh)
+                return 0
+            if repair:
+                fh.truncate(start)
+                _sync(fh)
+                print(
+                    f"dskbench: {path}: cut off its unfinished last line ({size - start} bytes, "
+                    "a record a stopped run never completed) before appending",
+                    file=sys.stderr,
+                )
+            return size - start
+    except OSError as e:
+        raise ResultsError(f"cannot open {path}: {e.strerror or e}") from None
+
+
+def _check_first_line(path: Path, line: bytes) -> None:
+    """Refuse a file that does not start with one of our environment records."""
+    rec = _parse(line)
+    if not (isinstance(rec, dict) and rec.get("record") == "environment"):
+        raise ResultsError(
+            f"{path} is not a dskbench results file (its first line is not a dskbench environment "
+            "record); refusing to append to it, choose another file"
+        )
+    if rec.get("schema") != SCHEMA:
+        raise ResultsError(
+            f"{path} holds results of schema {rec.get('schema')!r}, not {SCHEMA!r}; "
+            "refusing to append to it, choose another file"
+        )
+
+
+def _last_line_start(fh: Any, size: int) -> int:
+    """The offset just after the file's last newline (0 if it has none)."""
+    end = size
+    while end > 0:
+        begin = max(0, end - 65536)
+        fh.seek(begin)
+        i = fh.read(end - begin).rfind(b"\n")
+        if i >= 0:
+            return begin + i + 1
+        end = begin
+    return 0
+
+
+def _parse(line: bytes) -> Any:
+    try:
+        return json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def _is_record(line: bytes) -> bool:
+    rec = _parse(line) if len(line) <= _LINE_MAX else None
+    if not isinstance(rec, dict):
+        return False
+    try:
+        validate_record(rec)
+    except ResultsError:
+        return False
+    return True
+
+
+def _sync(fh: Any) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
 
 
 def _json_default(x: Any) -> Any:
@@ -172,3 +277,50 @@ def latest_by_case(runs: Iterable[Run]) -> dict[tuple[str, str], dict[str, Any]]
         for rec in run.results:
             out[(rec.get("case_id", rec["kernel"]), rec["backend"]["name"])] = rec
     return out
+
+
+def finished_cases(runs: Iterable[Run], retry_errors: bool = False) -> set[tuple[str, str]]:
+    """(case_id, backend) pairs a resumed sweep does not run again: every case with a record.
+
+    The latest record of a case decides. An `error` stands like ok, wrong and skipped (a kernel that
+    hung or crashed its worker would do so again) unless `retry_errors`. A case stopped by an
+    interrupt has no record, so it runs again.
+    """
+    return {
+        key for key, rec in latest_by_case(runs).items() if not (retry_errors and rec["status"] == "error")
+    }
+
+
+# The settings a resumed sweep must share with the file's earlier runs: what a case measures and how.
+# The seed is compared as a policy: a fixed --seed must be the same; fresh inputs (no --seed) match
+# fresh inputs, since every run of that policy draws new ones anyway. The time budget, dedupe and the
+# GPU count change how long a sweep takes, not what a record means, so they may differ.
+RESUME_SETTINGS = ("device", "profile", "phases", "tp", "mode", "flush", "seed")
+# Settings that were fixed before they became options: a file that does not record them used these.
+_BEFORE_RECORDED = {"flush": "write"}  # cold mode always flushed L2 by writing a buffer
+
+
+def settings_differences(runs: Iterable[Run], settings: dict[str, Any]) -> list[str]:
+    """How the runs' recorded settings differ from `settings` (a sweep's options), one phrase per key,
+    e.g. "mode cold in the file, hot now". Empty when a resumed sweep may add to these runs."""
+    now = {k: _shown(k, settings.get(k)) for k in RESUME_SETTINGS}
+    earlier: dict[str, list[str]] = {k: [] for k in RESUME_SETTINGS}
+    for run in runs:
+        recorded = {**_BEFORE_RECORDED, **(run.environment.get("settings") or {})}
+        for k in RESUME_SETTINGS:
+            old = _shown(k, recorded[k]) if k in recorded else "not recorded"
+            if old != now[k] and old not in earlier[k]:
+                earlier[k].append(old)
+    return [f"{k} {' and '.join(v)} in the file, {now[k]} now" for k, v in earlier.items() if v]
+
+
+def _shown(key: str, value: Any) -> str:
+    """A setting as the user would give it; lists as sets (--sweep decode,prefill = prefill,decode)."""
+    if key == "seed" and value is None:
+        return "fresh"
+    if isinstance(value, list | tuple):
+        try:
+            return ",".join(str(v) for v in sorted(set(value)))
+        except TypeError:  # not a list of names or numbers: shown as it is
+            return str(value)
+    return str(value)

@@ -123,7 +123,7 @@ def test_results_written_as_they_finish(tmp_path, registry):
     assert seen == list(range(2, 2 + len(items)))  # environment line + one line per finished case
 
 
-def test_resume_skips_finished_cases_and_retries_errors(tmp_path, registry, monkeypatch):
+def test_resume_skips_finished_cases_and_retries_errors_when_told(tmp_path, registry, monkeypatch):
     from dskbench import cli
 
     monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (registry, default_shapes()))
@@ -133,10 +133,12 @@ def test_resume_skips_finished_cases_and_retries_errors(tmp_path, registry, monk
     first = read_runs([out])
     assert len(first) == 1 and len(first[0].results) == 2 * N_ALL
     assert cli.main([*args, "--out", str(out), "--budget", "0.02", "--resume"]) == 0
+    assert read_runs([out])[1].results == []  # every case has a record; errors stand
+    assert cli.main([*args, "--out", str(out), "--budget", "0.02", "--resume", "--retry-errors"]) == 0
     runs = read_runs([out])
-    assert len(runs) == 2
+    assert len(runs) == 3
     # fake_ok's cases were done; fake_raise's errors are retried
-    assert sorted(r["kernel"] for r in runs[1].results) == ["fake_raise"] * N_ALL
+    assert sorted(r["kernel"] for r in runs[2].results) == ["fake_raise"] * N_ALL
 
 
 def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
