@@ -125,19 +125,6 @@ def _backend_selected(b: Backend, wanted: list[str] | None, device: str) -> bool
     return b.name != "torch-ref"  # on a GPU the reference is the oracle, not a contender
 
 
-def finished_keys(runs: list) -> set[tuple[str, str]]:
-    """(case_id, backend) pairs that already have a result a resumed sweep need not repeat.
-
-    Errors are retried (they may have been a dead worker); ok, wrong and skipped results stand.
-    """
-    done = set()
-    for run in runs:
-        for rec in run.results:
-            if rec["status"] != "error":
-                done.add((rec.get("case_id", rec["kernel"]), rec["backend"]["name"]))
-    return done
-
-
 # -- the sweep -------------------------------------------------------------------------------------------
 
 

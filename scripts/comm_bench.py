@@ -517,8 +517,8 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
     from dskbench.backends import DeviceInfo, Unavailable, resolve
     from dskbench.environment import environment, new_run_id
     from dskbench.measure.collective import Agreement
-    from dskbench.results import ResultsWriter, environment_record, read_runs, result_record
-    from dskbench.runner import backend_block, finished_keys
+    from dskbench.results import ResultsWriter, environment_record, finished_cases, read_runs, result_record
+    from dskbench.runner import backend_block
 
     # collectives give up after the longest phase the watchdog allows (it should act first)
     watched = args.setup_timeout > 0 and args.case_timeout > 0
@@ -543,7 +543,7 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
         info = DeviceInfo("cpu")
     done = set()
     if args.resume and rank == 0 and args.out.exists():
-        done = finished_keys(read_runs([args.out]))
+        done = finished_cases(read_runs([args.out]))
     done = {tuple(k) for k in agree.gather(sorted(done))[0]}
     writer = None
     write_lock = threading.Lock()
