@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -69,18 +70,18 @@ REQUIRED_SYMBOLS = (
 # Groups that resolve the labels trace documents use instead of op names (ModelShapes.resolve_group).
 OP_GROUPS = ("linear", "input_quantization")
 
-Path = tuple[str | int, ...]
+KeyPath = tuple[str | int, ...]
 
 
 class SchemaError(ValueError):
     """A shapes file that breaks the schema: where (a key path) and what was expected."""
 
-    def __init__(self, path: Path, message: str):
+    def __init__(self, path: KeyPath, message: str):
         super().__init__(f"{dotted(path)}: {message}" if path else message)
         self.path, self.message = path, message
 
 
-def dotted(path: Path) -> str:
+def dotted(path: KeyPath) -> str:
     """`ops.q_b_proj.roles.gemm[0].N`; keys holding a dot are quoted (`ops."sampler.forward"`)."""
     out = ""
     for part in path:
@@ -204,7 +205,7 @@ _KINDS = {
 def _from_pydantic(err: ValidationError) -> SchemaError:
     # an unknown key first: a typo'd required key also reads as that key missing
     e = min(err.errors(), key=lambda x: x["type"] != "extra_forbidden")
-    loc: Path = tuple(e["loc"])
+    loc: KeyPath = tuple(e["loc"])
     kind, value = e["type"], e.get("input")
     if loc and loc[-1] == "[key]":
         return SchemaError(loc[:-2], f"key {loc[-2]!r}: expected a string")
@@ -222,7 +223,7 @@ def _from_pydantic(err: ValidationError) -> SchemaError:
     return SchemaError(loc, msg)
 
 
-def _keys_at(model: type[BaseModel], loc: Path) -> list[str]:
+def _keys_at(model: type[BaseModel], loc: KeyPath) -> list[str]:
     """The keys the model at `loc` allows (for the did-you-mean of an unknown key)."""
     tp: Any = model
     for part in loc:
@@ -241,7 +242,7 @@ def _unwrap(tp: Any) -> Any:
         origin = get_origin(tp)
         if origin is Annotated:
             tp = get_args(tp)[0]
-        elif origin is Union or type(tp).__name__ == "UnionType":
+        elif origin is Union or isinstance(tp, types.UnionType):
             tp = next(a for a in get_args(tp) if a is not type(None))
         else:
             return tp
@@ -259,20 +260,20 @@ def check_structure(data: Mapping[str, Any]) -> None:
     check_references(data)
 
 
-def _known(path: Path, name: str, choices: Iterable[str], what: str) -> None:
+def _known(path: KeyPath, name: str, choices: Iterable[str], what: str) -> None:
     choices = list(choices)
     if name not in choices:
         raise SchemaError(path, f"unknown {what} {name!r}" + did_you_mean(name, choices))
 
 
-def _known_keys(path: Path, mapping: Mapping[str, Any], choices: Iterable[str], what: str) -> None:
+def _known_keys(path: KeyPath, mapping: Mapping[str, Any], choices: Iterable[str], what: str) -> None:
     choices = list(choices)
     for key in mapping:
         if key not in choices:
             raise SchemaError((*path, key), f"unknown {what}" + did_you_mean(key, choices))
 
 
-def _sweep_vars(path: Path, mapping: Mapping[str, str], sweeps: Mapping[str, Any]) -> None:
+def _sweep_vars(path: KeyPath, mapping: Mapping[str, str], sweeps: Mapping[str, Any]) -> None:
     """`{T: decode_tokens}`: a sweep variable -> the name of a list under `sweeps`."""
     _known_keys(path, mapping, SWEEP_VARS, "sweep variable")
     for var, list_name in mapping.items():
@@ -287,7 +288,7 @@ def check_references(data: Mapping[str, Any]) -> None:
         if key in SWEEP_VARS:
             raise SchemaError(("model", "config", key), f"{key!r} is a sweep variable, not a model symbol")
     for key, expr in (model.get("derived") or {}).items():
-        path: Path = ("model", "derived", key)
+        path: KeyPath = ("model", "derived", key)
         if key in symbols or key in SWEEP_VARS:
             raise SchemaError(path, f"{key!r} is already defined")
         symbols[key] = _evaluate(path, expr, symbols)
@@ -317,7 +318,7 @@ def check_references(data: Mapping[str, Any]) -> None:
             _known(("op_groups", group, i), op, ops, "op")
     families = {_family(p) for p in PHASES}
     for name, op in ops.items():
-        here: Path = ("ops", name)
+        here: KeyPath = ("ops", name)
         for i, phase in enumerate(op.get("phases") or ()):
             _known((*here, "phases", i), phase, families, "phase")
         for phase, mapping in (op.get("vars") or {}).items():
@@ -332,7 +333,7 @@ def _family(phase: str) -> str:
     return "decode" if phase.startswith("decode") else phase
 
 
-def _variants(path: Path, variants: Sequence[Mapping[str, Any]]) -> None:
+def _variants(path: KeyPath, variants: Sequence[Mapping[str, Any]]) -> None:
     """Labels are strings; several variants of one role each need their own `variant` label."""
     labels = set()
     for i, var in enumerate(variants):
@@ -353,7 +354,9 @@ def _variants(path: Path, variants: Sequence[Mapping[str, Any]]) -> None:
 # -- dimensions ------------------------------------------------------------------------------------
 
 
-def _evaluate(path: Path, expr: Any, env: Mapping[str, int | float], where: Callable[[], str] | None = None):
+def _evaluate(
+    path: KeyPath, expr: Any, env: Mapping[str, int | float], where: Callable[[], str] | None = None
+):
     """`expr` in `env`; an unknown name gets a did-you-mean, a failure says at which sweep point."""
     try:
         unknown = sorted(names_in(expr) - set(env))
@@ -376,7 +379,7 @@ def _evaluate(path: Path, expr: Any, env: Mapping[str, int | float], where: Call
         raise SchemaError(path, f"{e}" + (f" at {where()}" if where else "")) from None
 
 
-def _size(path: Path, expr: Any, env: Mapping[str, int | float], where: Callable[[], str]) -> None:
+def _size(path: KeyPath, expr: Any, env: Mapping[str, int | float], where: Callable[[], str]) -> None:
     value = _evaluate(path, expr, env, where)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SchemaError(path, f"{expr!r} is {value!r} at {where()}; expected a positive integer")
@@ -391,7 +394,7 @@ def check_dims(shapes: ModelShapes) -> None:
     for name, op in shapes.ops.items():
         if not op.executed:
             continue
-        here: Path = ("ops", name)
+        here: KeyPath = ("ops", name)
         for key, shape in (("in", op.tensor_in), ("out", op.tensor_out)):
             for i, expr in enumerate(shape or ()):
                 _size((*here, key, i), expr, base, lambda: "T = B = 1, tp = 1")
