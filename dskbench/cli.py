@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +39,66 @@ class UsageError(Exception):
     """Bad input found below a command: main() prints it as one `dskbench: ...` line and exits 2."""
 
 
-def _csv_ints(s: str) -> tuple[int, ...]:
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (`dskbench: argument --tp: ...`) instead of usage + error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"dskbench: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(s: str) -> int:
     try:
-        return tuple(int(x) for x in s.split(",") if x)
+        n = int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return n
+
+
+def _positive_ints(s: str) -> tuple[int, ...]:
+    """`1,4,8`: comma-separated positive integers, each once."""
+    try:
+        values = [int(x) for x in s.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {s!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def _seed(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return n
+
+
+def _seconds(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {s!r}")
+    return x
+
+
+def _gpus(s: str) -> str:
+    """'all' or a count (checked against the GPUs visible when the command runs)."""
+    if s.strip().lower() != "all":
+        try:
+            _positive_int(s)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected 'all' or a number of GPUs, got {s!r}") from None
+    return s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dskbench", description=__doc__)
+    p = _Parser(prog="dskbench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     reg = sub.add_parser("registry", help="the kernel registry generated from the trace documents")
@@ -79,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="results file (default: results/<run>.jsonl)")
     run.add_argument("--quick", action="store_true", help="fewer sweep points and a shorter time budget")
     run.add_argument(
-        "--tp", type=_csv_ints, default=(1,), help="tensor-parallel degrees, e.g. 1,4,8 (default 1)"
+        "--tp",
+        type=_positive_ints,
+        default=(1,),
+        help="tensor-parallel degrees the shapes file sweeps, e.g. 1,4,8 (default 1)",
     )
     run.add_argument(
         "--mode", choices=("cold", "hot", "rotate"), default="cold", help="L2 state (default cold)"
@@ -95,8 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure every op's case, also where another op has the same kernel, backend and shape",
     )
-    run.add_argument("--seed", type=int, help="input seed (default: fresh inputs every run)")
-    run.add_argument("--budget", type=float, help="time budget per case, seconds")
+    run.add_argument("--seed", type=_seed, help="input seed, 0 or more (default: fresh inputs every run)")
+    run.add_argument("--budget", type=_seconds, help="time budget per case, seconds (> 0)")
     run.add_argument(
         "--no-isolate",
         action="store_true",
@@ -111,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--gpus",
+        type=_gpus,
         help="shard the cases over this host's GPUs, one worker per GPU: 'all' or a count (default: one GPU)",
     )
     run.add_argument(
@@ -151,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wm.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
     wm.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
-    wm.add_argument("--tp", type=_csv_ints, default=(1,), help="tensor-parallel degrees (default 1)")
+    wm.add_argument("--tp", type=_positive_ints, default=(1,), help="tensor-parallel degrees (default 1)")
     wm.add_argument(
         "--case-timeout",
         type=_case_timeout,
@@ -159,9 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="kill a build's worker after S seconds without its result (0 = never; default: scaled)",
     )
     wm.add_argument(
-        "--jobs", type=int, help="builds at once (default: a quarter of the CPU cores, at most 16)"
+        "--jobs", type=_positive_int, help="builds at once (default: a quarter of the CPU cores, at most 16)"
     )
-    wm.add_argument("--gpus", help="spread the builds' processes over this host's GPUs: 'all' or a count")
+    wm.add_argument(
+        "--gpus", type=_gpus, help="spread the builds' processes over this host's GPUs: 'all' or a count"
+    )
     wm.add_argument("--out", type=Path, help="JSON file: each build's status and seconds")
 
     cmp_ = sub.add_parser("compare", help="noise-aware comparison of two sets of results (ours or asv)")
@@ -180,9 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pk.add_argument("results", nargs="+", type=Path)
     pk.add_argument("--phase", choices=("decode", "prefill"), help="default: both")
-    pk.add_argument("--batch", type=_csv_ints, help="batch points, e.g. 1,8,64,256 (default: all measured)")
-    pk.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the deployment (default 1)")
-    pk.add_argument("--kv-len", type=int, help="KV context length for attention rows")
+    pk.add_argument(
+        "--batch", type=_positive_ints, help="batch points, e.g. 1,8,64,256 (default: all measured)"
+    )
+    pk.add_argument(
+        "--tp", type=_positive_int, default=1, help="tensor-parallel degree of the deployment (default 1)"
+    )
+    pk.add_argument("--kv-len", type=_positive_int, help="KV context length for attention rows")
     pk.add_argument("--device", help="GPU name, when the results hold several")
     pk.add_argument("--out", type=Path, help="folder for pick.md, pick.html, pick.json")
 
@@ -193,7 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed: its exit code
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     import signal
     import threading
 
@@ -243,13 +310,65 @@ def main(argv: list[str] | None = None) -> int:
 
 def _registry_and_shapes():
     from dskbench.registry import RegistryError, load_registry
-    from dskbench.shapes import default_shapes
+    from dskbench.shapes import ShapeError, default_shapes
 
     try:
-        registry = load_registry(paths.REGISTRY_DIR)
-    except RegistryError as e:
+        shapes = default_shapes()
+        return load_registry(paths.REGISTRY_DIR), shapes
+    except (RegistryError, ShapeError) as e:
         raise UsageError(str(e)) from None
-    return registry, default_shapes()
+
+
+def _plan(
+    args: argparse.Namespace, opts: Any, registry: dict[str, Any], shapes: Any
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Check the options against the shapes file, then plan: the work items and the planned skips."""
+    from dskbench.runner import PlanError, plan_sweep, select_kernels
+
+    _check_tp(args.tp, shapes, opts.profile)
+    try:
+        kernels = select_kernels(registry, args.kernel)
+        items, skips = plan_sweep(registry, shapes, kernels, args.backend, opts)
+    except PlanError as e:
+        raise UsageError(str(e)) from None
+    replan = functools.partial(plan_sweep, registry, shapes, kernels, args.backend)
+    _check_plan(items, skips, opts, replan, shapes.values("tp", opts.profile))
+    return items, skips
+
+
+def _check_tp(tp: tuple[int, ...], shapes: Any, profile: str) -> None:
+    """--tp must name degrees the profile sweeps: another one would silently drop every tp-dependent case."""
+    swept = shapes.values("tp", profile)
+    missing = [t for t in tp if t not in swept]
+    if missing:
+        where = "sweeps.tp" if profile == "full" else f"{profile}.tp"
+        raise UsageError(
+            f"--tp {','.join(map(str, missing))}: the {profile} profile sweeps tp "
+            f"{', '.join(map(str, swept))} only ({shapes.source} {where})"
+        )
+
+
+def _check_plan(
+    items: list[Any],
+    skips: list[Any],
+    opts: Any,
+    replan: Callable[[Any], tuple[list[Any], Any]],
+    swept_tp: list[int],
+) -> None:
+    """A plan with nothing to run and nothing to record is a mistake in the options: say which one."""
+    if items or skips:
+        return
+    tp = ",".join(map(str, opts.tp))
+    asked = f"the {'/'.join(opts.phases)} sweep at --tp {tp}"
+    all_tp = dataclasses.replace(opts, tp=tuple(swept_tp))
+    with_tp = sorted({int(i.case["point"]["tp"]) for i in replan(all_tp)[0] if "tp" in i.case["point"]})
+    if with_tp:
+        why = f"their cases depend on tp and exist at --tp {','.join(map(str, with_tp))} only"
+    elif replan(dataclasses.replace(all_tp, phases=SWEEPS))[0]:
+        why = "they run in another sweep (--sweep all)"
+    else:
+        why = "no selected backend serves them on this device (`dskbench list` shows the backends)"
+    raise UsageError(f"nothing to run: the selected kernels have no case in {asked}: {why}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -313,7 +432,7 @@ def _sweeps(asked: list[str] | None) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels
+    from dskbench.runner import SweepOptions, run_sweep
 
     for flag in ("retry_errors", "allow_mixed_settings"):
         if getattr(args, flag) and not args.resume:
@@ -367,12 +486,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         if drift := drift_message():
             raise UsageError(drift)
-    try:
-        kernels = select_kernels(registry, args.kernel)
-        items, skips = plan_sweep(registry, shapes, kernels, args.backend, opts)
-    except PlanError as e:
-        print(f"dskbench: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    items, skips = _plan(args, opts, registry, shapes)
     out = args.out or paths.RESULTS_DIR / f"run-{device}-{_stamp()}.jsonl"
     from dskbench.results import ResultsError
 
@@ -453,15 +567,12 @@ def _open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from dskbench.runner import PlanError, SweepOptions, plan_sweep, select_kernels
+    from dskbench.runner import SweepOptions
     from dskbench.warm import default_jobs, warm
 
     device, note = _device_choice(args.device)
     if note:
         print(note, file=sys.stderr)
-    if args.jobs is not None and args.jobs < 1:
-        print(f"dskbench: --jobs {args.jobs}: expected 1 or more", file=sys.stderr)
-        return EXIT_USAGE
     tokens = None
     if args.gpus is not None:
         from dskbench.backends import DeviceInfo
@@ -484,13 +595,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         case_timeout_s=args.case_timeout,
     )
     registry, shapes = _registry_and_shapes()
-    try:
-        items, _skips = plan_sweep(
-            registry, shapes, select_kernels(registry, args.kernel), args.backend, opts
-        )
-    except PlanError as e:
-        print(f"dskbench: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    items, _skips = _plan(args, opts, registry, shapes)
     warm(items, opts, args.jobs or default_jobs(), tokens, args.out)
     return EXIT_OK
 

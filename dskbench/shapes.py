@@ -7,6 +7,7 @@ role it reads (``gemm``, ``norm``, ``moe``...) and gets one Case per op variant 
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -17,11 +18,9 @@ import yaml
 
 from dskbench import paths
 from dskbench.exprs import ExprError, evaluate, names_in
+from dskbench.shapes_schema import META_KEYS, SchemaError, check_dims, check_structure
 
-# Role keys that are labels, not numbers.
-META_KEYS = frozenset({"variant", "weight", "out"})
 PROFILES = ("full", "quick", "cpu")
-SWEEP_VARS = ("T", "B", "kv_len", "tp")
 
 
 class ShapeError(ValueError):
@@ -88,10 +87,14 @@ def canonical_op_name(raw: str) -> str:
 
 
 class ModelShapes:
-    """The parsed shapes file."""
+    """The parsed shapes file, checked against the schema (dskbench/shapes_schema.py) as it is built."""
 
     def __init__(self, data: dict[str, Any], source: str = "<data>"):
         self.source = source
+        try:
+            check_structure(data)
+        except SchemaError as e:
+            raise ShapeError(f"{source}: {e}") from None
         try:
             model = data["model"]
             self.model_name: str = model.get("name", "")
@@ -114,6 +117,10 @@ class ModelShapes:
                 self.ops[name] = _op_spec(name, spec or {})
         except (KeyError, TypeError, ExprError) as e:
             raise ShapeError(f"{source}: malformed shapes file: {e}") from None
+        try:
+            check_dims(self)
+        except SchemaError as e:
+            raise ShapeError(f"{source}: {e}") from None
         self._alias: dict[str, str] = {}
         for op in self.ops.values():
             for a in (op.name, *op.aliases):
@@ -245,18 +252,31 @@ def _op_spec(name: str, spec: dict[str, Any]) -> OpSpec:
 
 
 def load_shapes(path: str | Path | None = None) -> ModelShapes:
+    """Read and check a shapes file; a ShapeError names the file, the key and what was expected."""
     p = Path(path) if path else paths.SHAPES_FILE
+    shown = _shown(p)
     try:
         text = p.read_text()
     except OSError as e:
-        raise ShapeError(f"cannot read shapes file {p}: {e.strerror}") from None
+        raise ShapeError(f"cannot read shapes file {shown}: {e.strerror}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ShapeError(f"{p}: not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ShapeError(f"{shown}{line}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(data, dict):
-        raise ShapeError(f"{p}: expected a mapping at the top level")
-    return ModelShapes(data, source=str(p))
+        raise ShapeError(f"{shown}: expected a mapping at the top level")
+    return ModelShapes(data, source=shown)
+
+
+def _shown(p: Path) -> str:
+    """The path as the user would type it: relative to the working directory when inside it."""
+    try:
+        rel = os.path.relpath(p)
+    except ValueError:
+        return str(p)
+    return str(p) if rel.startswith("..") else rel
 
 
 @lru_cache(maxsize=4)

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from dskbench import cli
+from dskbench import cli, paths
+from dskbench.adapters import register
+from dskbench.adapters.base import Adapter
+from dskbench.shapes import default_shapes
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_unknown_kernel_exits_2_with_a_hint(capsys):
@@ -156,3 +166,190 @@ def test_resume_after_a_killed_write_repairs_the_file_and_reruns_the_lost_case(t
     assert all(json.loads(line) for line in lines)  # every line whole: report, compare, pick read it
     first, second = read_runs([out])
     assert len(second.results) == 1 and len(first.results) + 1 == len(_planned(capsys))
+
+
+# -- bad input: one line on stderr naming the file, key or value; exit 2; no traceback ------------
+
+SHAPES_TEXT = paths.SHAPES_FILE.read_text()
+
+
+def _one_line_error(rc: int, err: str) -> str:
+    assert rc == cli.EXIT_USAGE
+    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("dskbench: "), err
+    return err.strip()
+
+
+@pytest.fixture()
+def edit_shapes(tmp_path, monkeypatch):
+    """Write an edited copy of the shapes file and make it the one dskbench reads."""
+
+    def edit(*replacements: tuple[str, str]) -> Path:
+        text = SHAPES_TEXT
+        for old, new in replacements:
+            assert old in text, old
+            text = text.replace(old, new, 1)
+        p = tmp_path / "deepseek_r1_nvfp4.yaml"
+        p.write_text(text)
+        monkeypatch.setattr(paths, "SHAPES_FILE", p)
+        default_shapes.cache_clear()
+        return p
+
+    yield edit
+    default_shapes.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--device", "cpu", "--dry-run"], ["warm", "--device", "cpu"], ["list"]]
+)
+def test_a_typo_in_the_shapes_file_is_one_line_naming_file_and_key(edit_shapes, capsys, command):
+    p = edit_shapes(("  q_b_proj:\n    phases:", "  q_b_proj:\n    phase:"))
+    err = _one_line_error(cli.main(command), capsys.readouterr().err)
+    assert err == f"dskbench: {p}: ops.q_b_proj.phase: unknown key; did you mean 'phases'?"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        (
+            "cpu:\n  decode_tokens: [1, 16]",
+            "cpu:\n  decode_tokens: [1, 1.5]",
+            "cpu.decode_tokens[1]: expected a positive integer, got 1.5",
+        ),
+        ("    Dv: 128            # v_head_dim\n", "", "model.config: missing 'Dv'"),
+        (
+            "  tp: [1, 4, 8]",
+            "  tp: [1, 3, 8]",
+            "ops.kv_b_proj.roles.gemm[0].N: 'Nh * (Dn + Dv) / tp': 32768 / 3 is not exact",
+        ),
+    ],
+    ids=["sweep value 1.5", "missing Dv", "tp 3"],
+)
+def test_bad_values_in_the_shapes_file_stop_run_before_anything_runs(edit_shapes, capsys, old, new, says):
+    p = edit_shapes((old, new))
+    out = Path(str(p) + ".jsonl")
+    args = ["run", "--device", "cpu", "--kernel", "rmsnorm", "--out", str(out)]
+    err = _one_line_error(cli.main(args), capsys.readouterr().err)
+    assert err.startswith(f"dskbench: {p}: {says}")
+    assert not out.exists()
+
+
+def test_a_bad_shapes_file_gives_no_traceback_from_the_command_line(tmp_path):
+    root = tmp_path / "root"
+    (root / "shapes").mkdir(parents=True)
+    (root / "shapes" / "deepseek_r1_nvfp4.yaml").write_text(
+        SHAPES_TEXT.replace("  tp: [1]\n", "  tp: [1]\n  tps: [1]\n")
+    )
+    env = {**os.environ, "DSKBENCH_ROOT": str(root)}
+    for command in (["list"], ["run", "--device", "cpu", "--dry-run"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "dskbench", *command],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines() == [
+            f"dskbench: {root}/shapes/deepseek_r1_nvfp4.yaml: cpu.tps: unknown sweep list; did you mean 'tp'?"
+        ]
+
+
+BAD_OPTIONS = [
+    (["run", "--budget", "0"], "argument --budget: expected a number of seconds > 0, got '0'"),
+    (["run", "--budget", "-1"], "argument --budget: expected a number of seconds > 0, got '-1'"),
+    (["run", "--budget", "nan"], "argument --budget: expected a number of seconds > 0, got 'nan'"),
+    (["run", "--budget", "inf"], "argument --budget: expected a number of seconds > 0, got 'inf'"),
+    (["run", "--seed", "-3"], "argument --seed: expected an integer >= 0, got '-3'"),
+    (["run", "--seed", "1.5"], "argument --seed: expected an integer >= 0, got '1.5'"),
+    (["run", "--tp", "0"], "argument --tp: expected comma-separated positive integers, got '0'"),
+    (["run", "--tp", "1,,8"], "argument --tp: expected comma-separated positive integers, got '1,,8'"),
+    (["run", "--tp", "1.5"], "argument --tp: expected comma-separated positive integers, got '1.5'"),
+    (["run", "--gpus", "0"], "argument --gpus: expected 'all' or a number of GPUs, got '0'"),
+    (["run", "--gpus", "some"], "argument --gpus: expected 'all' or a number of GPUs, got 'some'"),
+    (["warm", "--jobs", "0"], "argument --jobs: expected a positive integer, got '0'"),
+    (["warm", "--tp", "-8"], "argument --tp: expected comma-separated positive integers, got '-8'"),
+    (
+        ["pick", "r.jsonl", "--batch", "0,8"],
+        "argument --batch: expected comma-separated positive integers",
+    ),
+    (["pick", "r.jsonl", "--tp", "0"], "argument --tp: expected a positive integer, got '0'"),
+    (
+        ["pick", "r.jsonl", "--kv-len", "-4096"],
+        "argument --kv-len: expected a positive integer, got '-4096'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_bad_numeric_options_are_one_line_errors(capsys, args, says):
+    # a dry run of one kernel: were an option not checked, the test would still end at once
+    safe = {
+        "run": ["--device", "cpu", "--kernel", "rmsnorm", "--dry-run"],
+        "warm": ["--device", "cpu", "--kernel", "rmsnorm"],
+    }
+    err = _one_line_error(cli.main([*args, *safe.get(args[0], [])]), capsys.readouterr().err)
+    assert err.startswith(f"dskbench: {says}")
+    assert err.endswith(f"(see `dskbench {args[0]} --help`)")
+
+
+def test_good_numeric_options_parse():
+    a = cli.build_parser().parse_args(
+        ["run", "--tp", "1,8,8", "--budget", "0.5", "--seed", "0", "--gpus", "all"]
+    )
+    assert (a.tp, a.budget, a.seed, a.gpus) == ((1, 8), 0.5, 0, "all")
+    assert cli.build_parser().parse_args(["warm", "--jobs", "3", "--gpus", "2"]).jobs == 3
+    p = cli.build_parser().parse_args(["pick", "r.jsonl", "--batch", "1,64", "--tp", "8", "--kv-len", "4096"])
+    assert (p.batch, p.tp, p.kv_len) == ((1, 64), 8, 4096)
+
+
+def test_a_tp_the_sweep_lacks_is_an_error_naming_the_sweep(capsys):
+    err = _one_line_error(
+        cli.main(["run", "--device", "cpu", "--kernel", "rmsnorm", "--tp", "1,3", "--dry-run"]),
+        capsys.readouterr().err,
+    )
+    assert err.startswith("dskbench: --tp 3: the cpu profile sweeps tp 1 only (")
+    assert err.endswith("deepseek_r1_nvfp4.yaml cpu.tp)")
+
+
+def test_a_sweep_with_no_case_is_an_error_saying_why(capsys):
+    # concat_mla_k serves the prefill attention only
+    args = ["run", "--device", "cpu", "--kernel", "concat_mla_k", "--sweep", "decode", "--dry-run"]
+    err = _one_line_error(cli.main(args), capsys.readouterr().err)
+    assert err == (
+        "dskbench: nothing to run: the selected kernels have no case in the decode sweep at --tp 1: "
+        "they run in another sweep (--sweep all)"
+    )
+    assert cli.main([*args[:-2], "prefill", "--dry-run"]) == 0
+
+
+@register
+class _TpOnly(Adapter):
+    """A kernel measured only at tp > 1 (like a TP collective)."""
+
+    kernel = "fake_tp_only"
+    role = "gemm"
+
+    def applies(self, case):
+        return case.point.get("tp", 1) > 1
+
+
+def test_a_tp_with_no_case_is_an_error_naming_the_tp_values_that_have_some(edit_shapes, capsys, monkeypatch):
+    edit_shapes(("  kv_lens: [1024]\n  tp: [1]\n", "  kv_lens: [1024]\n  tp: [1, 8]\n"))
+    entry = SimpleNamespace(
+        name="fake_tp_only",
+        status="benchmark",
+        status_reason="",
+        op_names=["q_b_proj"],
+        aliases=(),
+        category="t",
+    )
+    monkeypatch.setattr(cli, "_registry_and_shapes", lambda: ({"fake_tp_only": entry}, default_shapes()))
+    args = ["run", "--device", "cpu", "--kernel", "fake_tp_only", "--sweep", "decode", "--dry-run"]
+    err = _one_line_error(cli.main([*args, "--tp", "1"]), capsys.readouterr().err)
+    assert err == (
+        "dskbench: nothing to run: the selected kernels have no case in the decode sweep at --tp 1: "
+        "their cases depend on tp and exist at --tp 8 only"
+    )
+    assert cli.main([*args, "--tp", "1,8"]) == 0
+    assert "fake_tp_only/q_b_proj/decode/T=1,tp=8  torch-ref" in capsys.readouterr().out

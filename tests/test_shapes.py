@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dskbench import paths
 from dskbench.exprs import ExprError, evaluate
 from dskbench.shapes import ShapeError, canonical_op_name, default_shapes, load_shapes
+from dskbench.shapes_schema import ROLES
 
 S = default_shapes()
 
@@ -129,9 +131,205 @@ def test_loader_errors(tmp_path):
     with pytest.raises(ShapeError, match="cannot read"):
         load_shapes(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: [unclosed")
-    with pytest.raises(ShapeError, match="not valid YAML"):
+    bad.write_text("model: {config: {H: 1}}\nsweeps: a: b\n")
+    with pytest.raises(ShapeError, match=r"bad.yaml:2: not valid YAML: mapping values are not allowed here$"):
+        load_shapes(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ShapeError, match="expected a mapping at the top level"):
         load_shapes(bad)
     bad.write_text("model: {config: {H: 1}}\n")
-    with pytest.raises(ShapeError, match="malformed shapes file"):
+    with pytest.raises(ShapeError, match="bad.yaml: missing key 'sweeps'"):
         load_shapes(bad)
+
+
+# -- the schema: an edited shapes file fails at load with one line naming the key ------------------
+
+# (text in the committed file, its replacement, the whole message after "FILE: ")
+BAD_EDITS = [
+    # a typo'd key would drop the op from every sweep
+    (
+        "  q_b_proj:\n    phases:",
+        "  q_b_proj:\n    phase:",
+        "ops.q_b_proj.phase: unknown key; did you mean 'phases'?",
+    ),
+    (
+        "  sampler.forward:\n    aliases:",
+        "  sampler.forward:\n    alias:",
+        "ops.\"sampler.forward\".alias: unknown key; did you mean 'aliases'?",
+    ),
+    ("\nsweeps:\n", "\nsweep:\n", "sweep: unknown key; did you mean 'sweeps'?"),
+    (
+        "    num_steps: 3",
+        "    num_step: 3",
+        "model.speculative.num_step: unknown key; did you mean 'num_steps'?",
+    ),
+    # a typo'd CPU cap would run the full list on a CPU
+    (
+        "cpu:\n  decode_tokens: [1, 16]",
+        "cpu:\n  decode_token: [1, 16]",
+        "cpu.decode_token: unknown sweep list; did you mean 'decode_tokens'?",
+    ),
+    (
+        "  kv_lens: [1024]\n  tp: [1]\n",
+        "  tp: [1]\n",
+        "cpu: missing 'kv_lens' (the CPU cap names every sweep list)",
+    ),
+    # sweep values are positive integers, each once
+    (
+        "  decode_tokens: [1, 2, 4,",
+        "  decode_tokens: [1, 1.5, 4,",
+        "sweeps.decode_tokens[1]: expected a positive integer, got 1.5",
+    ),
+    (
+        "  decode_tokens: [1, 2, 4,",
+        "  decode_tokens: [-1, 2, 4,",
+        "sweeps.decode_tokens[0]: expected a positive integer, got -1",
+    ),
+    (
+        "  decode_tokens: [1, 2, 4,",
+        "  decode_tokens: [1, '2', 4,",
+        "sweeps.decode_tokens[1]: expected a positive integer, got '2'",
+    ),
+    ("  decode_tokens: [1, 2, 4,", "  decode_tokens: [1, 1, 4,", "sweeps.decode_tokens: 1 appears twice"),
+    ("  attn_batch: [1, 4]", "  attn_batch: []", "cpu.attn_batch: expected a non-empty list"),
+    # a tp the model's heads do not divide by
+    (
+        "  tp: [1, 4, 8]",
+        "  tp: [1, 3, 8]",
+        "ops.kv_b_proj.roles.gemm[0].N: 'Nh * (Dn + Dv) / tp': 32768 / 3 is not exact at T=512, tp=3 "
+        "(prefill sweep, full profile)",
+    ),
+    # model symbols
+    (
+        "    Dv: 128            # v_head_dim\n",
+        "",
+        "model.config: missing 'Dv' (a model symbol dskbench reads)",
+    ),
+    (
+        "    Dq: Dn + Dr",
+        "    Dq: Dnn + Dr",
+        "model.derived.Dq: unknown name 'Dnn' in 'Dnn + Dr' (not a model symbol); did you mean 'Dn'?",
+    ),
+    ("    H: 7168  ", "    H: true  ", "model.config.H: expected a positive number, got True"),
+    ("    H: 7168  ", "    T: 7168  ", "model.config.T: 'T' is a sweep variable, not a model symbol"),
+    # known ops, phases, roles, sweep lists and variables
+    (
+        "      norm: [{T: T, D: H}]",
+        "      nrom: [{T: T, D: H}]",
+        "ops.input_layernorm.roles.nrom: unknown role; did you mean 'norm'?",
+    ),
+    (
+        "  linear: [fused_qkv_a_proj_with_mqa, q_b_proj,",
+        "  linear: [fused_qkv_a_proj_with_mqa, q_b_prj,",
+        "op_groups.linear[1]: unknown op 'q_b_prj'; did you mean 'q_b_proj'?",
+    ),
+    ("  linear: [", "  lineer: [", "op_groups.lineer: unknown op group; did you mean 'linear'?"),
+    (
+        "  prefill: {T: prefill_tokens}",
+        "  prefil: {T: prefill_tokens}",
+        "phases.prefil: unknown phase; did you mean 'prefill'?",
+    ),
+    (
+        "  prefill: {T: prefill_tokens}",
+        "  prefill: {T: prefill_token}",
+        "phases.prefill.T: unknown sweep list 'prefill_token'; did you mean 'prefill_tokens'?",
+    ),
+    (
+        "  prefill: {T: prefill_tokens}",
+        "  prefill: {X: prefill_tokens}",
+        "phases.prefill.X: unknown sweep variable (expected one of: B, T, kv_len, tp)",
+    ),
+    (
+        "    phases: [decode]\n    vars:\n      decode: {B: attn_batch, kv_len: kv_lens}",
+        "    phases: [decoding]\n    vars:\n      decode: {B: attn_batch, kv_len: kv_lens}",
+        "ops.attn_mqa.phases[0]: unknown phase 'decoding'; did you mean 'decode'?",
+    ),
+    (
+        "      decode: {B: attn_batch, kv_len: kv_lens}",
+        "      decode: {B: attn_batch, kv_len: kv_len}",
+        "ops.attn_mqa.vars.decode.kv_len: unknown sweep list 'kv_len'; did you mean 'kv_lens'?",
+    ),
+    # types of op fields
+    (
+        "    layers: dense\n    phases: [decode, prefill]\n    in: [T, H]\n    out: [T, 2 * Id]",
+        "    layers: dens\n    phases: [decode, prefill]\n    in: [T, H]\n    out: [T, 2 * Id]",
+        "ops.gate_up_proj.layers: expected 'dense' or 'moe', got 'dens'",
+    ),
+    (
+        "    executed: false\n    reason: only when q_lora_rank is null (",
+        "    executed: nope\n    reason: only when q_lora_rank is null (",
+        "ops.q_proj.executed: expected true or false, got 'nope'",
+    ),
+    (
+        "  weak_ref_tensors:\n    phases: [decode]\n    roles: {}",
+        "  weak_ref_tensors:",
+        "ops.weak_ref_tensors: expected a mapping, got nothing",
+    ),
+    (
+        "      sampling: [{B: B, V: V}]",
+        "      sampling: [{B: B, V: V}, {B: B, V: V}]",
+        "ops.\"sampler.forward\".roles.sampling[0]: missing key 'variant' (a role with several variants names each)",
+    ),
+    # expressions and evaluated dimensions
+    (
+        "      norm: [{T: T, D: H}]",
+        "      norm: [{T: T, D: Hh}]",
+        "ops.input_layernorm.roles.norm[0].D: unknown name 'Hh' in 'Hh' (not a model symbol or sweep variable); "
+        "did you mean 'H'?",
+    ),
+    (
+        "      norm: [{T: T, D: H}]",
+        "      norm: [{T: T, D: H / 3}]",
+        "ops.input_layernorm.roles.norm[0].D: 'H / 3': 7168 / 3 is not exact at T=1 (decode sweep, full profile)",
+    ),
+    (
+        "      norm: [{T: T, D: H}]",
+        "      norm: [{T: T, D: T - 2}]",
+        "ops.input_layernorm.roles.norm[0].D: 'T - 2' is -1 at T=1 (decode sweep, full profile); "
+        "expected a positive integer",
+    ),
+    (
+        "      norm: [{T: T, D: H}]",
+        "      norm: [{T: T, D: H * 0.5}]",
+        "ops.input_layernorm.roles.norm[0].D: 'H * 0.5' is 3584.0 at T=1 (decode sweep, full profile); "
+        "expected a positive integer",
+    ),
+    (
+        "      norm: [{T: T, D: H}]",
+        "      norm: [{T: T, D: kv_len}]",
+        "ops.input_layernorm.roles.norm[0].D: 'kv_len' uses 'kv_len', which this op's sweep does not have "
+        "(it has T, B, tp)",
+    ),
+    (
+        "    in: [T, H]\n    out: [T, H]\n    roles:\n      norm: [{T: T, D: H}]\n  post",
+        "    in: [T, Hx]\n    out: [T, H]\n    roles:\n      norm: [{T: T, D: H}]\n  post",
+        "ops.input_layernorm.in[1]: unknown name 'Hx' in 'Hx' (not a model symbol or sweep variable); did you mean 'H'?",
+    ),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), BAD_EDITS, ids=[m.split(":")[0] for _, _, m in BAD_EDITS])
+def test_an_edited_shapes_file_fails_with_one_line_naming_the_key(tmp_path, old, new, message):
+    text = paths.SHAPES_FILE.read_text()
+    assert old in text, old
+    edited = tmp_path / "deepseek_r1_nvfp4.yaml"
+    edited.write_text(text.replace(old, new, 1))
+    with pytest.raises(ShapeError) as e:
+        load_shapes(edited)
+    assert str(e.value) == f"{edited}: {message}"
+    assert "\n" not in str(e.value)
+
+
+def test_the_committed_file_passes_the_schema(monkeypatch):
+    monkeypatch.chdir(paths.REPO_ROOT)
+    shapes = load_shapes(paths.SHAPES_FILE)
+    assert shapes.source == "shapes/deepseek_r1_nvfp4.yaml"  # as the user would type it
+    assert set(shapes.ops) == set(S.ops) and shapes.config == S.config
+
+
+def test_every_role_an_adapter_reads_is_a_known_role():
+    from dskbench.adapters import adapters
+
+    assert {a.role for a in adapters().values()} <= ROLES
+    used = {role for op in S.ops.values() for role in op.roles}
+    assert used <= ROLES
