@@ -14,10 +14,10 @@ dest="${1:-.devcarry/asv}"
 rm -rf "$dest"
 mkdir -p "$dest"
 git init -q --bare "$dest/git"
-for h in $(git rev-parse HEAD~1 HEAD); do
+for h in $(git rev-parse HEAD^@ HEAD); do  # HEAD and every parent of it (a merge has several)
     git cat-file commit "$h" | git --git-dir "$dest/git" hash-object -t commit -w --stdin >/dev/null
 done
-git rev-parse HEAD~1 >"$dest/git/shallow"  # its parents are not there: git must not look for them
+git rev-parse HEAD^@ >"$dest/git/shallow"  # their parents are not there: git must not look for them
 git --git-dir "$dest/git" update-ref refs/heads/main "$(git rev-parse HEAD)"
 git --git-dir "$dest/git" symbolic-ref HEAD refs/heads/main
 git diff --binary HEAD HEAD~1 -- . ':(exclude)results' >"$dest/prev.patch"

@@ -326,7 +326,7 @@ def test_asv_at_two_commits_without_the_history(tmp_path):
         ["bash", "scripts/asv_thin_carry.sh", str(carry)], cwd=REPO, check=True, capture_output=True
     )
     commits = (carry / "commits").read_text().split()
-    assert len(commits) == 2 and (carry / "git" / "shallow").read_text().strip() == commits[0]
+    assert len(commits) == 2 and commits[0] in (carry / "git" / "shallow").read_text().split()
     env = suite.child_env()
     env.update(
         HOME=str(tmp_path),
