@@ -161,6 +161,8 @@ class WorkerProcess:
             failed = current if current is not None else last_done + 1
             if failed >= len(self.items):
                 return failed
+            if current is None and last_done >= start:
+                return failed  # it died between cases, after progress: the next case was never begun
             err.seek(0)
             reason = timed_out or death_reason(code, err.read())
         item = self.items[failed]
