@@ -21,6 +21,9 @@ from pathlib import Path
 
 from dskbench.compare_inputs import (
     Key,
+    Obs,
+    RunInfo,
+    Settings,
     Side,
     add_runs,
     device_name,
@@ -251,8 +254,6 @@ def _as_side(x: Side | Sequence[Run] | Mapping[Key, Stat]) -> Side:
         return x
     side = Side()
     if isinstance(x, Mapping):
-        from dskbench.compare_inputs import Obs, RunInfo, Settings
-
         info = RunInfo("given", "", "", "", Settings(), "")
         for k, s in x.items():
             side.add(Obs(k, s, "given", "", Settings()), info)

@@ -18,7 +18,7 @@ Changes are relative to the old kernel time and are taken before the calibrated 
 subtracted (a run's gap calibration moves every cold graph timing of that run by the same microseconds,
 which is not the kernel's doing). Two statistics have floors: the median (what dskbench reports) and
 the p10, the fast end of the samples. Below ~5 us the median jumps between two modes from run to run
-(up to ~25% on an H200) while the p10 stays within a few percent; a real slowdown moves both.
+(by up to ~30% between the committed H200 runs) while the p10 moves far less; a real slowdown moves both.
 """
 
 from __future__ import annotations
