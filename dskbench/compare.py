@@ -337,7 +337,22 @@ def notes(old: Side, new: Side, machines: Sequence[str], prior: Prior, history: 
             "noise floors: each case's own run-to-run spread (" + "; ".join(what) + "), blended with the "
             f"band prior ({prior.describe()}) where it has few runs"
         )
-    gpus = sorted({r.gpu or r.machine for side in (old, new) for m in machines for r in side.runs_on(m)})
+    runs = [r for side in (old, new) for m in machines for r in side.runs_on(m)]
+    for setting in ("mode", "flush"):
+        odd = sorted(
+            {
+                getattr(r.settings, setting)
+                for r in runs
+                if prior.unmeasured(setting, getattr(r.settings, setting))
+            }
+        )
+        if odd:
+            out.append(
+                f"note: the band prior was measured with {setting} {_known(prior.measured_with[setting])}, "
+                f"these runs used {setting} {'/'.join(odd)}: its floors may be too narrow for them; "
+                "several runs per side or --history give each case's own"
+            )
+    gpus = sorted({r.gpu or r.machine for r in runs})
     strangers = [g for g in gpus if prior.measured_on and g not in prior.measured_on]
     if strangers:
         out.append(
@@ -345,6 +360,10 @@ def notes(old: Side, new: Side, machines: Sequence[str], prior: Prior, history: 
             f"{', '.join(strangers)}; --history runs of that GPU give floors of its own"
         )
     return out
+
+
+def _known(values: Sequence[str]) -> str:
+    return "/".join(v for v in values if v != "unrecorded") or "unrecorded"
 
 
 def median_only_note(result: Comparison) -> str:

@@ -77,8 +77,14 @@ class Prior:
     bands: tuple[Band, ...]
     abs_floor_us: float
     measured_on: tuple[str, ...] = ()  # GPU names of the pairs
-    settings: str = ""  # e.g. "cold, flush write/read"
+    settings: str = ""  # e.g. "mode cold, flush write"
     source: str = ""  # the file it was read from
+    measured_with: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # "mode"/"flush" -> values
+
+    def unmeasured(self, setting: str, value: str) -> bool:
+        """True when the pairs never ran with this value of a setting ('' and 'unrecorded' pass)."""
+        seen = self.measured_with.get(setting)
+        return bool(seen) and value not in ("", "unrecorded") and value not in seen
 
     def band(self, latency_us: float) -> Band:
         for b in self.bands:
@@ -141,7 +147,8 @@ def load_prior(path: str | Path | None = None) -> Prior:
         raise PriorError(f"{p}: needs at least one band with non-negative floors")
     settings = doc.get("settings") or {}
     text = ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in settings.items() if v)
-    return Prior(bands, abs_floor, tuple(doc.get("measured_on") or ()), text, str(p))
+    seen = {str(k): tuple(str(x) for x in v) for k, v in settings.items() if isinstance(v, list)}
+    return Prior(bands, abs_floor, tuple(doc.get("measured_on") or ()), text, str(p), seen)
 
 
 def band_index(latency_us: float) -> int:

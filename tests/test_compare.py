@@ -329,6 +329,7 @@ def test_cli_two_runs_a_side_settings_notes_and_history(tmp_path: Path, capsys):
     out = capsys.readouterr().out
     assert "old: 2 runs on NVIDIA H200" in out and "new: 2 runs on NVIDIA H200" in out
     assert "different settings (flush write vs read)" in out
+    assert "the band prior was measured with flush write, these runs used flush read" in out
     assert "2 old and 2 new runs: verdicts use run-level medians" in out
     assert re.search(r"k\s+op/decode/T=1\s+b\s+20\.\d+ .*\(2 runs\)", out)
     assert cli_main(["compare", files[0], files[1], "--", files[2], files[3]]) == 1
