@@ -224,16 +224,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wm.add_argument("--out", type=Path, help="JSON file: each build's status and seconds")
 
-    cmp_ = sub.add_parser("compare", help="noise-aware comparison of two sets of results (ours or asv)")
-    cmp_.add_argument(
-        "old", type=Path, help="results file/folder, asv results file, or ASV_RESULTS_DIR@COMMIT"
+    cmp_ = sub.add_parser(
+        "compare",
+        help="which cases got slower, judged against run-to-run noise (ours or asv results)",
+        description="dskbench compare OLD NEW, or OLD1 OLD2 ... -- NEW1 NEW2 ... (files, folders, "
+        "asv results, ASV_RESULTS_DIR@COMMIT); exit 1 when a measurement regressed",
     )
-    cmp_.add_argument("new", type=Path, help="the same, for the new side")
+    cmp_.add_argument("paths", nargs="*", type=Path, help="OLD NEW, or the old side's runs before --")
+    cmp_.add_argument("--new-side", nargs="+", type=Path, default=None, help=argparse.SUPPRESS)
     cmp_.add_argument(
-        "--threshold", type=float, default=0.05, help="relative change that counts (default 0.05)"
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="relative change of the median that counts (default 0.05)",
+    )
+    cmp_.add_argument(
+        "--history",
+        action="append",
+        type=Path,
+        default=[],
+        help="earlier runs of the same GPU model (file or folder, repeatable): each case's own noise floor",
+    )
+    cmp_.add_argument(
+        "--prior", type=Path, help="noise prior JSON (default: dskbench's, see scripts/noise_prior.py)"
     )
     cmp_.add_argument("--no-fail", action="store_true", help="exit 0 even when something regressed")
-    cmp_.add_argument("-v", "--verbose", action="store_true", help="list unchanged cases too")
+    cmp_.add_argument("-v", "--verbose", action="store_true", help="list unchanged cases and twins too")
 
     pk = sub.add_parser(
         "pick", help="fastest correct backend per DeepSeek op and batch; decode-step estimate"
@@ -258,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_compare_sides(sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as e:  # --help, or a usage error already printed: its exit code
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     import signal
@@ -297,7 +313,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             from dskbench.compare import cli_compare
 
-            return cli_compare([args.old], [args.new], args.threshold, not args.no_fail, args.verbose)
+            if args.new_side is not None:
+                old_side, new_side = list(args.paths), list(args.new_side)
+            elif len(args.paths) == 2:
+                old_side, new_side = [args.paths[0]], [args.paths[1]]
+            else:
+                print("dskbench compare: give OLD NEW, or OLD1 OLD2 ... -- NEW1 NEW2 ...", file=sys.stderr)
+                return EXIT_USAGE
+            if not old_side:
+                print("dskbench compare: no old results before --", file=sys.stderr)
+                return EXIT_USAGE
+            return cli_compare(
+                old_side,
+                new_side,
+                args.threshold,
+                not args.no_fail,
+                args.verbose,
+                history_paths=args.history,
+                prior_path=args.prior,
+            )
     except UsageError as e:
         print(f"dskbench: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -306,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dskbench: interrupted ({'SIGTERM' if term else 'SIGINT'})", file=sys.stderr)
         return 143 if term else 130
     return EXIT_USAGE
+
+
+def _compare_sides(argv: list[str]) -> list[str]:
+    """`compare A1 A2 -- B1 B2`: argparse drops the `--`, so what follows it is passed as --new-side."""
+    if argv[:1] == ["compare"] and "--" in argv:
+        i = argv.index("--")
+        return [*argv[:i], "--new-side", *argv[i + 1 :]] if i + 1 < len(argv) else argv[:i] + ["--new-side"]
+    return argv
 
 
 def _registry_and_shapes():

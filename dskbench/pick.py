@@ -3,9 +3,10 @@
 For every row of shapes/deployment.yaml (an op, or ops whose kernels are chosen together) and batch point,
 each candidate (one kernel's backend, or a path of several kernels whose medians are summed) is evaluated
 from the results: correct only with status ok; wrong/error candidates are excluded with their reason;
-candidates without a record are "no measurement". The winner and runner-up are a tie when their difference
-is inside the measured noise, by dskbench.compare's rule (spreads overlap and, with raw samples on both
-sides, the Mann-Whitney U test does not separate them). The step estimate sums the winners over the layer
+candidates without a record are "no measurement". The winner and runner-up are a tie unless the runner-up
+is slower beyond run-to-run noise, by dskbench.verdict's rule (the one dskbench compare uses: its p10 is
+beyond the noise floor of the winner's latency band and, with raw samples on both sides, a Mann-Whitney U
+test separates them). The step estimate sums the winners over the layer
 mix (dense and MoE layers, plus the NextN layer with speculative decoding), listing the rows it lacks.
 """
 
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dskbench.compare import Stat, device_name, significant, stat_from_record
+from dskbench.compare_inputs import device_name, stat_from_record
 from dskbench.pick_data import Deployment, DeploymentError, Part, PathSpec, RowSpec, load_deployment
 from dskbench.results import ResultsError, Run, read_runs
 from dskbench.shapes import ModelShapes, ShapeError, default_shapes
+from dskbench.verdict import Stat, judge
 
 PHASES = ("decode", "prefill")
 REFERENCE = "torch-ref"  # the oracle: never a contender
@@ -161,7 +163,12 @@ def combine(stats: Sequence[Stat]) -> Stat:
     else:
         lo = hi = None
     samples = stats[0].samples if len(stats) == 1 else ()
-    return Stat(value=value, lo=lo, hi=hi, spread="p10-p90", samples=samples)
+    p10 = p90 = None
+    if all(s.p10 is not None and s.p90 is not None and s.value is not None for s in stats):
+        p10 = value - math.sqrt(sum((float(s.value) - float(s.p10)) ** 2 for s in stats))  # type: ignore[arg-type]
+        p90 = value + math.sqrt(sum((float(s.p90) - float(s.value)) ** 2 for s in stats))  # type: ignore[arg-type]
+    gap = sum(s.gap_us for s in stats)  # a path's raw time is the sum of its parts' raw times
+    return Stat(value=value, lo=lo, hi=hi, spread="p10-p90", samples=samples, p10=p10, p90=p90, gap_us=gap)
 
 
 def eval_part(idx: ResultIndex, part: Part, batch: int, kv: int | None) -> PartResult:
@@ -235,8 +242,8 @@ class Cell:
 
 
 def judge_cell(outcomes: list[Outcome], batch: int, kv: int | None, threshold: float = 0.0) -> Cell:
-    """Rank the correct candidates; winner and runner-up tie when compare.significant does not separate
-    them (or, with a threshold, when the margin is under it)."""
+    """Rank the correct candidates; winner and runner-up tie unless dskbench.verdict.judge calls the
+    runner-up slower (the margin above `threshold`, its p10 beyond the noise floor, the U test)."""
     cell = Cell(batch, kv)
     for o in outcomes:
         if o.status == "ok":
@@ -251,10 +258,9 @@ def judge_cell(outcomes: list[Outcome], batch: int, kv: int | None, threshold: f
     cell.what_if.sort(key=lambda o: (o.median, o.name))
     w, r = cell.winner, cell.runner_up
     if w is not None and r is not None:
-        sig, how = significant(w.stat, r.stat)  # type: ignore[arg-type]
-        margin = cell.margin or 0.0
-        cell.tie = not sig or margin <= threshold
-        cell.how = how if not sig else (f"margin under {threshold:.0%}" if margin <= threshold else how)
+        v = judge(w.stat, r.stat, threshold)
+        cell.tie = v.verdict != "slower"
+        cell.how = f"margin under {threshold:.0%}" if v.verdict == "same" else v.note
     return cell
 
 

@@ -16,9 +16,10 @@ from dskbench.pick import Cell, Estimate, FlagChoice, Outcome, PhasePick, Pick, 
 SCHEMA = "dskbench.pick/1"
 RULE = (
     "winner = lowest median among correct (status ok) candidates; a path sums its kernels' medians and "
-    "combines their p10-p90 half-widths in quadrature. 'tie' when winner and runner-up differ by less "
-    "than the measured noise, dskbench compare's rule: their p10-p90 spreads overlap and, when both kept "
-    ">= 8 raw samples, a two-sided Mann-Whitney U test gives p >= 0.001."
+    "combines their p10-p90 half-widths in quadrature. 'tie' unless the runner-up is slower beyond "
+    "run-to-run noise, dskbench compare's rule: its p10 is above the winner's by more than the noise floor "
+    "of the winner's latency band (dskbench/noise_prior.json) and, when both kept >= 8 raw samples, a "
+    "two-sided Mann-Whitney U test gives p < 0.001."
 )
 SCOPE_NAMES = {
     "step": "once per step",
@@ -81,7 +82,7 @@ def tables(pp: PhasePick, layer_counts: dict[str, int]) -> list[tuple[str, list[
             "Fastest correct backend per op (median µs)",
             ["op"] + cols,
             pick_rows,
-            "› runner-up and how much slower; ≈ … tie: inside the measured noise. [dense]/[MoE]: rows of "
+            "› runner-up and how much slower; ≈ … tie: inside run-to-run noise. [dense]/[MoE]: rows of "
             "those layers only.",
         )
     )

@@ -1,58 +1,132 @@
-"""The noise-aware comparison of two result sets: the rule, our results, asv results, the CLI contract."""
+"""dskbench compare: the rule (dskbench.verdict), the noise model (dskbench.noise), once-per-measurement
+counting, several runs per side, our results and asv's, the CLI contract and bad input."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
+import sys
 from pathlib import Path
 
 import pytest
-from fake_results import COMMIT_A, COMMIT_B, fake_runs, make_run, write_runs
+from fake_results import COMMIT_A, COMMIT_B, fake_runs, write_runs
 
-from dskbench.compare import (
-    Key,
-    Stat,
-    cli_compare,
-    compare,
-    judge,
-    load_stats,
-    mann_whitney_p,
+from dskbench import paths
+from dskbench.cli import main as cli_main
+from dskbench.compare import Key, Stat, cli_compare, compare, judge, load_stats, mann_whitney_p
+from dskbench.compare_inputs import load_side
+from dskbench.noise import (
+    Band,
+    PairChanges,
+    Prior,
+    PriorError,
+    fit_prior,
+    floor_for,
+    load_prior,
+)
+from dskbench.results import Run, environment_record, result_record
+
+REPO = paths.REPO_ROOT
+H200X4 = REPO / "results" / "h200x4-2026-11-21"
+
+# A prior of round numbers, so the rule's tests do not move when the shipped prior is refitted.
+PRIOR = Prior(
+    bands=(
+        Band(0.0, 5.0, median_floor=0.25, p10_floor=0.08, cases=100, p10_spread_factor=0.6),
+        Band(5.0, float("inf"), median_floor=0.03, p10_floor=0.03, cases=100),
+    ),
+    abs_floor_us=0.03,
+    measured_on=("NVIDIA H200",),
 )
 
 
-def ok(value: float, spread: float = 0.02, samples: tuple[float, ...] = ()) -> Stat:
-    return Stat(
-        value=value, lo=value * (1 - spread), hi=value * (1 + spread), spread="p10-p90", samples=samples
-    )
+def ok(value: float, p10: float | None = None, p90: float | None = None, **kw) -> Stat:
+    """A measured side: median, p10 (default 2% below), p90 (2% above)."""
+    p10 = value * 0.98 if p10 is None else p10
+    p90 = value * 1.02 if p90 is None else p90
+    return Stat(value=value, lo=p10, hi=p90, spread="p10-p90", p10=p10, p90=p90, **kw)
+
+
+def samples(center: float, n: int = 60, width: float = 0.02, seed: int = 0) -> tuple[float, ...]:
+    rng = random.Random(seed)
+    return tuple(center * (1 + rng.uniform(-width, width)) for _ in range(n))
 
 
 # -- the rule ----------------------------------------------------------------------------------------------
 
 
-def test_a_regression_needs_the_threshold_and_to_leave_the_noise():
-    assert judge(ok(10.0), ok(12.0))[0] == "slower"  # +20%, spreads disjoint
-    assert judge(ok(10.0, 0.3), ok(12.0, 0.3))[0] == "~slower"  # +20% but inside a ±30% spread
-    assert judge(ok(10.0, 0.001), ok(10.3, 0.001))[0] == "same"  # clearly different, but under 5%
-    assert judge(ok(10.0), ok(8.0))[0] == "faster"
-    assert judge(ok(10.0, 0.3), ok(8.0, 0.3))[0] == "~faster"
-    verdict, change, _ = judge(ok(10.0), ok(12.0), threshold=0.25)
-    assert verdict == "same" and change == pytest.approx(0.2)
-    # no spread recorded: the threshold alone decides (as asv does with one sample)
-    assert judge(Stat(value=10.0), Stat(value=11.0))[0] == "slower"
+def test_slower_needs_the_threshold_and_the_noise_floor():
+    v = judge(ok(10.0), ok(12.0), prior=PRIOR)  # +20%: beyond the 3% floor of its band
+    assert v.verdict == "slower" and v.change == pytest.approx(0.2) and v.shift == pytest.approx(0.2)
+    assert v.statistic == "p10" and v.floor.source == "band prior" and v.floor.rel == pytest.approx(0.03)
+    assert v.interval == pytest.approx((0.17, 0.23))
+    assert judge(ok(10.0), ok(10.3), prior=PRIOR).verdict == "same"  # under the 5% threshold
+    verdict = judge(ok(10.0), ok(12.0), threshold=0.25, prior=PRIOR)
+    assert verdict.verdict == "same" and verdict.change == pytest.approx(0.2)
+    assert judge(ok(10.0), ok(8.0), prior=PRIOR).verdict == "faster"
 
 
-def test_the_rank_test_decides_when_spreads_overlap():
-    rng = random.Random(0)
-    old = tuple(10 * (1 + rng.gauss(0, 0.05)) for _ in range(200))
-    new = tuple(10.8 * (1 + rng.gauss(0, 0.05)) for _ in range(200))
-    same = tuple(10 * (1 + rng.gauss(0, 0.05)) for _ in range(200))
-    wide = 0.08  # p10-p90 of ±8% overlap for an 8% shift
-    verdict, _, note = judge(ok(10.0, wide, old), ok(10.8, wide, new))
-    assert verdict == "slower" and "U test" in note
-    verdict, _, _ = judge(
-        ok(10.0, wide, old), ok(10.8, wide, same)
-    )  # the median says +8%, the samples do not
-    assert verdict == "~slower"
+def test_a_small_kernels_median_flip_is_not_a_regression():
+    """Below 5 us the median jumps between two modes from run to run while the p10 stays: +20% of the
+    median with the p10 unmoved is inside the noise; the same +20% moving the p10 too is a slowdown."""
+    flip = judge(ok(2.3, p10=2.1), ok(2.76, p10=2.12), prior=PRIOR)
+    assert flip.verdict == "~slower" and "inside the noise floor" in flip.note
+    assert flip.shift == pytest.approx(0.02 / 2.1)  # the p10 moved 0.02 us, relative to the old p10
+    real = judge(ok(2.3, p10=2.1), ok(2.76, p10=2.52), prior=PRIOR)
+    assert real.verdict == "slower" and real.floor.rel == pytest.approx(0.08)
+
+
+def test_the_rank_test_is_a_second_condition_not_the_only_one():
+    # beyond the floor, but the samples do not separate: ~slower
+    same_samples = samples(10.0, seed=1)
+    v = judge(ok(10.0, samples=same_samples), ok(12.0, samples=samples(10.0, seed=2)), prior=PRIOR)
+    assert v.verdict == "~slower" and "U test p=" in v.note and v.p > 0.001
+    # samples far apart, but the median change is inside a wide floor: still ~slower
+    wide = Prior((Band(0.0, float("inf"), 0.5, 0.5, 100),), 0.03)
+    v = judge(ok(10.0, samples=samples(10.0)), ok(12.0, samples=samples(12.0)), prior=wide)
+    assert v.verdict == "~slower" and v.p < 1e-10
+    v = judge(ok(10.0, samples=samples(10.0)), ok(12.0, samples=samples(12.0)), prior=PRIOR)
+    assert v.verdict == "slower" and v.p < 1e-10
+
+
+def test_a_launch_gap_calibration_difference_is_not_a_change():
+    """Each run subtracts its own calibrated gap; the same raw time with gaps 0.30 vs 0.20 us is the
+    same kernel, not +5%."""
+    old, new = ok(2.0, p10=1.9, gap_us=0.30), ok(2.1, p10=2.0, gap_us=0.20)
+    v = judge(old, new, threshold=0.0, prior=PRIOR)
+    assert v.change == pytest.approx(0.0) and v.shift == pytest.approx(0.0)
+    assert judge(ok(2.0, gap_us=0.3), ok(2.6, gap_us=0.3), prior=PRIOR).change == pytest.approx(0.3)
+
+
+def test_floor_sources_band_prior_spread_absolute_and_history():
+    f = floor_for(2.0, "p10", PRIOR)
+    assert (f.rel, f.source) == (pytest.approx(0.08), "band prior") and "0-5 us" in f.detail
+    wide = floor_for(2.0, "p10", PRIOR, spread=0.2)  # 0.6 x a 20% half-spread beats the band's 8%
+    assert wide.rel == pytest.approx(0.12) and "within-run half-spread 20.0%" in wide.detail
+    tiny = floor_for(0.5, "p10", PRIOR)  # 0.03 us of 0.5 us = 6%: under the band's 8%
+    assert tiny.source == "band prior"
+    assert floor_for(0.2, "p10", PRIOR).source == "absolute"  # 0.03/0.2 = 15% > 8%
+    assert floor_for(None, "median", PRIOR).rel == pytest.approx(0.25)  # not a time: the widest band
+    # history: the case's own run-to-run steps, blended with the prior (weight 2 runs)
+    steady = floor_for(2.0, "p10", PRIOR, history=[[2.0, 2.001, 2.0, 2.001, 2.0, 2.001]])
+    assert steady.source == "history" and steady.rel < 0.08
+    few = floor_for(2.0, "p10", PRIOR, history=[[2.0, 2.001]])  # one step: the prior still outweighs it
+    assert few.source == "band prior" and steady.rel < few.rel < 0.08
+    noisy = floor_for(2.0, "p10", PRIOR, history=[[2.0, 2.4, 2.0, 2.4, 2.0]])
+    assert noisy.source == "history" and noisy.rel > 0.08
+    # a step in the history (a real change at some commit) counts once, not as spread of every run
+    step = floor_for(2.0, "p10", PRIOR, history=[[2.0] * 6 + [2.4] * 6])
+    spread = floor_for(2.0, "p10", PRIOR, history=[[2.0, 2.4] * 6])
+    assert step.rel < spread.rel
+
+
+def test_history_given_to_judge_sets_the_floor():
+    old, new = ok(20.0), ok(21.6)  # +8% in a band whose prior floor is 3%
+    assert judge(old, new, prior=PRIOR).verdict == "slower"
+    noisy = [ok(v) for v in (20.0, 22.0, 19.0, 22.5, 20.5, 18.5)]
+    v = judge(old, new, prior=PRIOR, history=noisy)
+    assert v.verdict == "~slower" and v.floor.source == "history"
 
 
 def test_mann_whitney_matches_scipy():
@@ -66,94 +140,269 @@ def test_status_changes():
     err = Stat(status="error", reason="illegal memory access")
     wrong = Stat(status="wrong", reason="relative error 0.3")
     skip = Stat(status="skipped", reason="needs sm100")
-    assert judge(ok(1.0), wrong)[0] == "broke"
-    assert judge(ok(1.0), err)[0] == "broke"
-    assert judge(err, ok(1.0))[0] == "fixed"
-    assert judge(wrong, err)[0] == "still failing"
-    assert judge(ok(1.0), skip)[0] == "now skipped"
-    assert judge(skip, skip)[0] == "skipped"
-    assert judge(skip, err)[0] == "now failing"
-    assert judge(skip, ok(1.0))[0] == "now measured"
-    assert not any(judge(skip, x)[0] in ("broke", "slower") for x in (err, wrong, ok(1.0)))
-    assert judge(None, ok(1.0))[0] == "added"
-    assert judge(ok(1.0), None)[0] == "missing"
+    assert judge(ok(1.0), wrong).verdict == "broke"
+    assert judge(ok(1.0), err).verdict == "broke" and judge(ok(1.0), err).is_regression
+    assert judge(err, ok(1.0)).verdict == "fixed"
+    assert judge(wrong, err).verdict == "still failing"
+    assert judge(ok(1.0), skip).verdict == "now skipped"
+    assert judge(skip, skip).verdict == "skipped"
+    assert judge(skip, err).verdict == "now failing"
+    assert judge(skip, ok(1.0)).verdict == "now measured"
+    assert not any(judge(skip, x).is_regression for x in (err, wrong, ok(1.0)))
+    assert judge(None, ok(1.0)).verdict == "added"
+    assert judge(ok(1.0), None).verdict == "missing"
 
 
-def test_higher_is_better_units():
+def test_higher_is_better_units_are_judged_on_medians_against_the_widest_band():
     gbps = Stat(value=100.0, unit="GB/s", higher_is_better=True)
-    assert judge(gbps, Stat(value=70.0, unit="GB/s", higher_is_better=True))[0] == "slower"
-    assert judge(gbps, Stat(value=130.0, unit="GB/s", higher_is_better=True))[0] == "faster"
+    v = judge(gbps, Stat(value=60.0, unit="GB/s", higher_is_better=True), prior=PRIOR)
+    assert v.verdict == "slower" and v.statistic == "median" and v.floor.rel == pytest.approx(0.25)
+    assert judge(gbps, Stat(value=140.0, unit="GB/s", higher_is_better=True), prior=PRIOR).verdict == "faster"
+    assert judge(gbps, Stat(value=80.0, unit="GB/s", higher_is_better=True), prior=PRIOR).verdict == "~slower"
 
 
-# -- our results ---------------------------------------------------------------------------------------
+# -- the prior ---------------------------------------------------------------------------------------------
 
 
-def test_compare_our_runs_by_machine_case_and_backend():
-    r1, r2, r3, _cpu = fake_runs()
-    c = compare([r1], [r2])
-    by = {(ch.key.kernel, ch.key.backend): set() for ch in c.changes}
-    for ch in c.changes:
-        by[(ch.key.kernel, ch.key.backend)].add(ch.verdict)
-    assert by[("rmsnorm", "sgl_kernel")] == {"slower"}
-    assert by[("silu_and_mul", "flashinfer")] == {"faster"}
-    assert by[("silu_and_mul", "sglang_jit")] == {"broke"}
-    assert by[("fp8_blockwise_scaled_mm", "sglang_triton")] == {"same", "still failing"}
-    assert by[("cutlass_scaled_fp4_mm", "sgl_kernel")] == {"skipped"}
-    assert len(c.regressions) == 28 and len(c.improvements) == 14
-    throttled = [ch for ch in c.changes if "throttled new run" in ch.note]
-    assert len(throttled) == 1 and throttled[0].key.case.endswith("T=64")
-    # another GPU is another machine: nothing matches across H200 and B200
-    across = compare([r1], [r3])
-    assert {ch.verdict for ch in across.changes} == {"added", "missing"}
+def test_fit_prior_takes_band_quantiles_inherits_thin_bands_and_measures_the_spread_factor():
+    pc = PairChanges("synthetic")
+    # 0-2 us: 100 cases moving 0..9.9% (p10), spread 10%; the widest also spread 20%
+    for i in range(100):
+        pc.rows.append((1.5, 0.3 * i / 100, 0.1 * i / 100, 0.2 if i >= 90 else 0.05))
+    # 10-20 us: 50 cases moving up to 1%, spread 0.5% (none as wide as the floor: no spread factor)
+    for i in range(50):
+        pc.rows.append((15.0, 0.01 * i / 50, 0.01 * i / 50, 0.005))
+    pc.rows.append((500.0, 0.5, 0.5, 0.01))  # one case in 100-1000 us: too few to fit
+    pc.launches = [16] * 151
+    doc = fit_prior([pc], quantile=1.0)
+    bands = {(b["lo_us"], b["hi_us"]): b for b in doc["bands"]}
+    small, mid, big = bands[(0.0, 2.0)], bands[(10.0, 20.0)], bands[(100.0, 1000.0)]
+    assert small["p10_floor"] == pytest.approx(0.099) and small["median_floor"] == pytest.approx(0.297)
+    assert small["p10_spread_factor"] == pytest.approx(0.099 / 0.2, rel=1e-3)  # only the 20% ones are wide
+    assert mid["p10_floor"] == pytest.approx(0.0098) and mid["p10_spread_factor"] == 0.0
+    assert big["cases"] == 1 and big["from_band"] == "10-20 us" and big["p10_floor"] == mid["p10_floor"]
+    assert doc["abs_floor_us"] == pytest.approx(0.5 / 16)
+    with pytest.raises(PriorError, match="nothing to fit"):
+        fit_prior([PairChanges("empty")])
 
 
-def test_table_is_per_kernel_and_readable():
+def test_shipped_prior_is_what_scripts_noise_prior_writes(tmp_path: Path):
+    """dskbench/noise_prior.json is data derived from the committed pairs, not hand-typed numbers."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import noise_prior
+
+    out = tmp_path / "prior.json"
+    assert noise_prior.main(["--out", str(out)]) == 0
+    fresh, shipped = (
+        json.loads(out.read_text()),
+        json.loads((REPO / "dskbench" / "noise_prior.json").read_text()),
+    )
+    assert fresh["bands"] == shipped["bands"] and fresh["pairs"] == shipped["pairs"]
+    assert load_prior().bands[0].median_floor == shipped["bands"][0]["median_floor"]
+
+
+def test_asv_regression_threshold_follows_the_prior():
+    """asv's Regressions page judges medians with one threshold: it must clear the widest median floor
+    of the prior, and not by more than 5 points."""
+    from asv import util
+
+    conf = util.load_json(str(REPO / "asv.conf.json"), js_comments=True)
+    threshold = conf["regressions_thresholds"][r".*\.track_latency.*"]
+    widest = max(b.median_floor for b in load_prior().bands)
+    assert widest <= threshold < widest + 0.05
+
+
+def test_bad_prior_files_are_one_line_errors(tmp_path: Path, capsys):
+    bad = tmp_path / "prior.json"
+    bad.write_text("{}")
+    with pytest.raises(PriorError, match="not a noise prior"):
+        load_prior(bad)
+    bad.write_text("nope")
+    with pytest.raises(PriorError, match="not JSON"):
+        load_prior(bad)
     r1, r2, *_ = fake_runs()
-    text = compare([r1], [r2]).format_table(verbose=True)
-    lines = text.splitlines()
-    assert lines[0].split() == ["kernel", "case", "backend", "old", "new", "change", "verdict"]
-    assert "-- rmsnorm on NVIDIA H200" in lines
-    row = next(line for line in lines if "input_layernorm/decode/T=64" in line and "sgl_kernel" in line)
-    assert "±" in row and "slower" in row and "%" in row
-    t2 = lines.index(next(x for x in lines if "input_layernorm/decode/T=2 " in x))
-    t16 = lines.index(next(x for x in lines if "input_layernorm/decode/T=16 " in x))
-    assert t2 < t16  # natural order of sweep points
-    quiet = compare([r1], [r2]).format_table(max_quiet_rows=10)
-    assert " same" not in quiet and "unchanged or skipped cases not shown" in quiet
+    old, new = write_runs([r1], tmp_path / "old.jsonl"), write_runs([r2], tmp_path / "new.jsonl")
+    assert cli_compare([old], [new], prior_path=bad) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dskbench compare: ") and "prior.json" in err[0]
 
 
-def test_cli_compare_exit_codes(tmp_path: Path, capsys):
+# -- our results: twins, several runs, settings ----------------------------------------------------------
+
+
+def env(
+    run_id: str,
+    commit: str = COMMIT_A,
+    created: str = "2026-01-01T00:00:00+00:00",
+    gpu: str = "NVIDIA H200",
+    **settings,
+):
+    return environment_record(
+        run_id,
+        created=created,
+        device={"kind": "cuda", "name": gpu},
+        versions={},
+        git={"commit": commit},
+        settings={"mode": "cold", "flush": "write", "seed": 7, **settings},
+    )
+
+
+def rec(
+    run_id: str, case: str, median: float, p10: float | None = None, gap: float = 0.3, seed: int = 0, **extra
+):
+    kernel = case.split("/")[0]
+    xs = sorted(samples(median, n=40, width=0.01, seed=seed))
+    p10 = median * 0.99 if p10 is None else p10
+    timing = {
+        "median_us": median,
+        "p10_us": p10,
+        "p90_us": median * 1.01,
+        "samples_us": xs,
+        "raw_median_us": median + gap,
+        "launch_gap_us": gap,
+    }
+    return result_record(
+        run_id, "ok", kernel=kernel, case_id=case, backend={"name": "b"}, timing=timing, **extra
+    )
+
+
+def run(run_id: str, values: dict[str, float], twins: dict[str, str] | None = None, **env_kw) -> Run:
+    recs = [rec(run_id, c, v, seed=i) for i, (c, v) in enumerate(values.items())]
+    for twin, primary in (twins or {}).items():
+        src = next(r for r in recs if r["case_id"] == primary)
+        recs.append({**src, "case_id": twin, "shared_with": primary})
+    return Run(env(run_id, **env_kw), recs)
+
+
+def test_a_twin_is_not_a_second_regression():
+    cases = {"k/op_a/decode/T=1": 10.0, "k/op_c/decode/T=1": 20.0}
+    twins = {"k/op_b/decode/T=1": "k/op_a/decode/T=1"}
+    old = run("o", cases, twins)
+    new = run("n", {**cases, "k/op_a/decode/T=1": 13.0}, twins)
+    c = compare([old], [new], prior=PRIOR)
+    assert [ch.key.case for ch in c.regressions] == ["k/op_a/decode/T=1"]
+    twin = next(ch for ch in c.changes if ch.key.case == "k/op_b/decode/T=1")
+    assert twin.verdict == "slower" and not twin.is_regression and twin.twin_of.case == "k/op_a/decode/T=1"
+    assert len(c.measured) == 2 and c.counts()["slower"] == 1
+    assert "(1 twin rows not counted again)" in c.summary()
+    assert c.by_kernel() == ["  k: 1 slower (of 2 measured, 1 twins)"]
+    assert "op_b" not in c.format_table() and "twin of op_a/decode/T=1" in c.format_table(verbose=True)
+
+
+def test_several_runs_per_side_use_run_level_medians_and_their_own_spread():
+    case = "k/op/decode/T=1"
+    olds = [
+        run(f"o{i}", {case: v}, created=f"2026-01-01T0{i}:00:00+00:00")
+        for i, v in enumerate((20.0, 20.1, 19.9))
+    ]
+    news = [
+        run(f"n{i}", {case: v}, created=f"2026-01-02T0{i}:00:00+00:00")
+        for i, v in enumerate((21.7, 21.6, 30.0))
+    ]
+    c = compare(olds, news, prior=PRIOR)
+    ch = c.changes[0]
+    assert ch.new.value == pytest.approx(21.7) and ch.new.n_runs == 3  # the 30 us run does not decide
+    assert ch.judged.floor.source == "history" and "run-to-run steps" in ch.judged.floor.detail
+    assert ch.change == pytest.approx(0.085)
+    # one run per side: the band prior
+    one = compare(olds[:1], news[:1], prior=PRIOR).changes[0]
+    assert one.judged.floor.source == "band prior" and one.verdict == "slower"
+
+
+def test_within_a_side_the_latest_commit_wins():
+    case = "k/op/decode/T=1"
+    older = run("a", {case: 10.0}, commit=COMMIT_A, created="2026-01-01T00:00:00+00:00")
+    newer = run("b", {case: 14.0}, commit=COMMIT_B, created="2026-01-02T00:00:00+00:00")
+    stats = compare([older, newer], [older], prior=PRIOR).changes[0]
+    assert stats.old.value == 14.0 and stats.old.n_runs == 1
+
+
+def test_cli_two_runs_a_side_settings_notes_and_history(tmp_path: Path, capsys):
+    case = "k/op/decode/T=1"
+    files = []
+    for i, v in enumerate((20.0, 20.1, 26.0, 26.2)):
+        r = run(
+            f"r{i}", {case: v}, created=f"2026-01-0{i + 1}T00:00:00+00:00", flush="write" if i < 2 else "read"
+        )
+        files.append(str(write_runs([r], tmp_path / f"r{i}.jsonl")))
+    assert cli_main(["compare", files[0], files[1], "--", files[2], files[3], "--no-fail"]) == 0
+    out = capsys.readouterr().out
+    assert "old: 2 runs on NVIDIA H200" in out and "new: 2 runs on NVIDIA H200" in out
+    assert "different settings (flush write vs read)" in out
+    assert "the band prior was measured with flush write, these runs used flush read" in out
+    assert "2 old and 2 new runs: verdicts use run-level medians" in out
+    assert re.search(r"k\s+op/decode/T=1\s+b\s+20\.\d+ .*\(2 runs\)", out)
+    assert cli_main(["compare", files[0], files[1], "--", files[2], files[3]]) == 1
+    capsys.readouterr()
+    # one run per side: the band prior, said so; --history brings the case's own floor
+    assert cli_main(["compare", files[0], files[1], "--no-fail"]) == 0
+    assert "one run per side, so each case's floor is the band prior" in capsys.readouterr().out
+    assert cli_main(["compare", files[0], files[1], "--history", files[0], "--no-fail"]) == 0
+    assert "--history runs" in capsys.readouterr().out
+
+
+def test_cli_bad_input_is_one_line(tmp_path: Path, capsys):
     r1, r2, r3, _ = fake_runs()
     old, new = write_runs([r1], tmp_path / "old.jsonl"), write_runs([r2], tmp_path / "new.jsonl")
-    assert cli_compare([old], [new], 0.05) == 1
-    out = capsys.readouterr().out
-    assert "rmsnorm" in out and "slower" in out and "regression" not in out.splitlines()[0]
-    assert cli_compare([old], [new], 0.05, fail_on_regression=False) == 0
-    assert cli_compare([old], [old], 0.05) == 0
-    assert (
-        cli_compare([new], [old], 0.05) == 1
-    )  # the improvement reversed is a regression; broke reversed is fixed
-    assert cli_compare([old], [new], 0.5) == 1  # status changes fail whatever the threshold
     b200 = write_runs([r3], tmp_path / "b200.jsonl")
-    assert cli_compare([old], [b200], 0.05) == 2  # nothing in common
-    assert "no case in common" in capsys.readouterr().err
-    assert cli_compare([tmp_path / "nope.jsonl"], [new], 0.05) == 2
+    cases = [
+        (["compare", str(old)], "give OLD NEW"),
+        (["compare", str(old), str(new), str(new)], "give OLD NEW"),
+        (["compare", "--", str(new)], "no old results before --"),
+        (["compare", str(old), str(b200)], "different machines (old: NVIDIA H200; new: NVIDIA B200)"),
+        (["compare", str(tmp_path / "nope.jsonl"), str(new)], "no such file or folder"),
+        (["compare", str(old), str(new), "--threshold", "50"], "is not a fraction"),
+    ]
+    for argv, msg in cases:
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("dskbench") and msg in err[0], err
     garbage = tmp_path / "garbage.jsonl"
     garbage.write_text("not json\n{}\n")
-    assert cli_compare([garbage], [new], 0.05) == 2
-    assert cli_compare([old], [new], 5.0 * 100) == 2
+    assert cli_compare([garbage], [new]) == 2
 
 
-def test_cli_compare_reads_folders_and_latest_run(tmp_path: Path):
-    r_old = make_run("a", "h200", COMMIT_A, "2026-01-01T00:00:00+00:00", seed=1)
-    r_new = make_run("b", "h200", COMMIT_B, "2026-01-02T00:00:00+00:00", second=True, seed=2)
-    (tmp_path / "old").mkdir()
-    write_runs([r_old], tmp_path / "old" / "run.jsonl")
-    both = write_runs([r_old, r_new], tmp_path / "both.jsonl")  # the later run wins per case
-    stats = load_stats([both])
-    key = Key("NVIDIA H200", "silu_and_mul", "silu_and_mul/mlp.act_fn/decode/T=1", "sglang_jit")
-    assert stats[key].status == "error" and stats[key].commit == COMMIT_B
-    assert cli_compare([tmp_path / "old"], [both], 0.05) == 1
+def test_compare_fake_scenario_and_exit_codes(tmp_path: Path, capsys):
+    r1, r2, *_ = fake_runs()
+    c = compare([r1], [r2])
+    by = {}
+    for ch in c.changes:
+        by.setdefault((ch.key.kernel, ch.key.backend), set()).add(ch.verdict)
+    assert by[("rmsnorm", "sgl_kernel")] == {"slower"}  # +25% at ~2-8 us: beyond every floor
+    assert by[("silu_and_mul", "flashinfer")] == {"faster"}
+    assert by[("silu_and_mul", "sglang_jit")] == {"broke"}
+    assert by[("cutlass_scaled_fp4_mm", "sgl_kernel")] == {"skipped"}
+    old, new = write_runs([r1], tmp_path / "old.jsonl"), write_runs([r2], tmp_path / "new.jsonl")
+    assert cli_compare([old], [new]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("old: 1 run on NVIDIA H200")
+    assert "-- rmsnorm on NVIDIA H200" in lines and "by kernel (each measurement once):" in lines
+    header = next(line for line in lines if line.startswith("kernel"))
+    assert header.split() == [
+        "kernel",
+        "case",
+        "backend",
+        "old",
+        "new",
+        "change",
+        "shift",
+        "±floor",
+        "verdict",
+    ]
+    assert cli_compare([old], [new], fail_on_regression=False) == 0
+    assert cli_compare([old], [old]) == 0
+    assert cli_compare([new], [old]) == 1  # the improvement reversed is a regression
+    assert cli_compare([old], [new], 0.5) == 1  # status changes fail whatever the threshold
+
+
+def test_unchanged_h200_sweeps_give_no_regression(capsys):
+    """The issue's target on the committed pair: two identical full sweeps, 0 regressions, exit 0."""
+    a, b = H200X4 / "sweep-a.jsonl.gz", H200X4 / "sweep-b.jsonl.gz"
+    assert cli_compare([a], [b]) == 0
+    out = capsys.readouterr().out
+    summary = out.strip().splitlines()[-1]
+    assert "724 twin rows not counted again" in summary and " slower" not in summary.replace("~slower", "")
 
 
 # -- asv results -----------------------------------------------------------------------------------------
@@ -169,25 +418,25 @@ def _asv_results(root: Path, commit: str, slow: float, fail_gemm: bool) -> None:
         {"machine": "gpu-box", "gpu": "H200"}, {}, commit, 1767225600000, "3.11", "existing-py", {}
     )
     combos = [("'sgl_kernel'", "1"), ("'sgl_kernel'", "64"), ("'flashinfer'", "1"), ("'flashinfer'", "64")]
-    lat, samples, bw = [], [], []
+    lat, smp, bw = [], [], []
     for backend, t in combos:
         base = (2.0 if t == "1" else 6.0) * 1e-6
         if backend == "'sgl_kernel'" and t == "64":
             base *= slow
         if backend == "'flashinfer'" and t == "1":
             lat.append(float("nan"))  # skipped in setup (NotImplementedError)
-            samples.append(None)
+            smp.append(None)
             bw.append(float("nan"))
             continue
         s = [base * (1 + rng.gauss(0, 0.01)) for _ in range(30)]
         lat.append(sorted(s)[15])
-        samples.append(s)
+        smp.append(s)
         bw.append(1000.0 / (base * 1e6) / (slow if backend == "'sgl_kernel'" and t == "64" else 1))
     params = [["'sgl_kernel'", "'flashinfer'"], ["1", "64"]]
-    numbers = [1 if s else None for s in samples]
+    numbers = [1 if s else None for s in smp]
     res.add_result(
         {"name": "benchmarks.RMSNorm.track_latency", "version": "1", "params": params},
-        BenchmarkResult(lat, samples, numbers, 0, "", None),
+        BenchmarkResult(lat, smp, numbers, 0, "", None),
         record_samples=True,
     )
     res.add_result(
@@ -220,26 +469,46 @@ def _asv_results(root: Path, commit: str, slow: float, fail_gemm: bool) -> None:
 def test_compare_asv_results_of_two_commits(tmp_path: Path, capsys):
     results = tmp_path / "results"
     c1, c2 = "1" * 40, "2" * 40
-    _asv_results(results, c1, slow=1.0, fail_gemm=False)
-    _asv_results(results, c2, slow=1.3, fail_gemm=True)
+    _asv_results(results, c1, slow=1.3, fail_gemm=False)
+    _asv_results(results, c2, slow=1.3 * 1.3, fail_gemm=True)
     files = sorted((results / "gpu-box").glob("*.json"))
     assert [f.name for f in files] == ["11111111-existing-py.json", "22222222-existing-py.json"]
 
     old, new = load_stats([f"{results}@{c1[:8]}"]), load_stats([files[1]])
     lat_key = Key("gpu-box", "RMSNorm", "benchmarks.RMSNorm.track_latency(T=64)", "sgl_kernel")
-    assert old[lat_key].unit == "us" and old[lat_key].spread == "q25-q75"
-    assert old[lat_key].value == pytest.approx(6.0, rel=0.05) and len(old[lat_key].samples) == 30
-    c = compare(old, new)
-    verdicts = {(ch.key.case, ch.key.backend): ch.verdict for ch in c.changes}
-    assert verdicts[("benchmarks.RMSNorm.track_latency(T=64)", "sgl_kernel")] == "slower"
-    assert verdicts[("benchmarks.RMSNorm.track_latency(T=1)", "sgl_kernel")] == "same"
-    assert verdicts[("benchmarks.RMSNorm.track_latency(T=1)", "flashinfer")] == "skipped"
-    assert verdicts[("benchmarks.RMSNorm.track_bandwidth(T=64)", "sgl_kernel")] == "slower"  # GB/s fell
-    assert verdicts[("benchmarks.Gemm.time_fp8", "existing-py")] == "broke"
+    assert old[lat_key].unit == "us" and old[lat_key].spread == "q25-q75" and len(old[lat_key].samples) == 30
+    assert old[lat_key].value == pytest.approx(7.8, rel=0.05) and old[lat_key].p10 < old[lat_key].value
+    c = compare(old, new, prior=PRIOR)
+    verdicts = {(ch.key.case, ch.key.backend): ch for ch in c.changes}
+    slow = verdicts[("benchmarks.RMSNorm.track_latency(T=64)", "sgl_kernel")]
+    assert slow.verdict == "slower" and slow.judged.statistic == "p10"  # from the samples asv kept
+    assert verdicts[("benchmarks.RMSNorm.track_latency(T=1)", "sgl_kernel")].verdict == "same"
+    assert verdicts[("benchmarks.RMSNorm.track_latency(T=1)", "flashinfer")].verdict == "skipped"
+    bw = verdicts[("benchmarks.RMSNorm.track_bandwidth(T=64)", "sgl_kernel")]
+    assert bw.verdict == "slower" and bw.judged.statistic == "median"  # GB/s -41%: beyond the widest 25%
+    assert verdicts[("benchmarks.Gemm.time_fp8", "existing-py")].verdict == "broke"
 
-    assert cli_compare([f"{results}@{c1[:8]}"], [f"{results}@{c2[:8]}"], 0.05) == 1
+    assert cli_compare([f"{results}@{c1[:8]}"], [f"{results}@{c2[:8]}"]) == 1
     assert "benchmarks.RMSNorm.track_latency(T=64)" in capsys.readouterr().out
-    assert cli_compare([f"{results}@{c1[:8]}"], [files[0]], 0.05) == 0
-    assert cli_compare([results], [files[1]], 0.05) == 2  # a folder of two commits needs @COMMIT
+    assert cli_compare([f"{results}@{c1[:8]}"], [files[0]]) == 0
+    assert cli_compare([results], [files[1]]) == 2  # a folder of two commits needs @COMMIT
     assert "pick one with" in capsys.readouterr().err
-    assert cli_compare([f"{results}@deadbeef"], [files[1]], 0.05) == 2
+    assert cli_compare([f"{results}@deadbeef"], [files[1]]) == 2
+
+
+def test_asv_results_of_the_dskbench_suite_match_cases_and_count_twins_once():
+    """The suite's parameter is 'case_id|backend'; rows the suite measured once for several ops carry
+    identical numbers (twins), and GB/s rows derive from the latency rows."""
+    results = H200X4 / "asv" / "results"
+    side = load_side([f"{results}@a2ca6ec0"])
+    stats = side.stats()
+    key = Key("nvidia-h200_vm", "rmsnorm", "rmsnorm/input_layernorm/decode/T=1", "sgl_kernel")
+    assert stats[key].unit == "us" and stats[key].status == "ok"
+    twins = side.twins()
+    bw = Key(key.machine, key.kernel, key.case + " [track_bandwidth]", key.backend)
+    assert twins[bw] == key
+    enorm = Key(key.machine, key.kernel, "rmsnorm/enorm/decode/T=1", "sgl_kernel")
+    copy, first = (enorm, key) if enorm in twins else (key, enorm)
+    assert twins[copy] == first and stats[copy].value == stats[first].value
+    c = compare(load_side([f"{results}@f35bb0e6"]), side)
+    assert len(c.measured) == 108 and len(c.changes) == 376

@@ -9,12 +9,12 @@ import re
 import pytest
 
 from dskbench import paths
-from dskbench.compare import Stat, significant
 from dskbench.pick import Picker, ResultIndex, cli_pick, combine, load_runs, pick
 from dskbench.pick_data import DeploymentError, load_deployment
 from dskbench.pick_render import render_html, render_json, render_markdown
 from dskbench.results import Run, environment_record, result_record
 from dskbench.shapes import default_shapes
+from dskbench.verdict import Stat, judge, mann_whitney_p
 
 H200 = paths.REPO_ROOT / "results" / "h200-2026-11-21"
 
@@ -174,17 +174,24 @@ def test_tie_inside_the_noise_and_clear_win_outside(picker):
     assert not clear.tie and clear.margin == pytest.approx(0.5)
 
 
-def test_tie_follows_compare_rank_test_when_spreads_overlap():
-    """Spreads overlap, but 40 samples a side separate them: not a tie (compare.significant says so)."""
+def test_tie_needs_the_noise_floor_not_only_the_rank_test():
+    """40 samples a side separate a 3% margin at 2 us (the U test alone would call it a win), but
+    unchanged code moves more than that between runs: a tie, by the rule compare uses. A 30% margin
+    is beyond the noise floor: a win."""
     from dskbench.pick import Outcome, judge_cell
     from dskbench.pick_data import PathSpec
 
-    a = Stat(value=2.0, lo=1.92, hi=2.08, samples=tuple(2.0 + 0.1 * (2 * i / 39 - 1) for i in range(40)))
-    b = Stat(value=2.06, lo=1.98, hi=2.14, samples=tuple(2.06 + 0.1 * (2 * i / 39 - 1) for i in range(40)))
-    assert a.hi > b.lo  # the spreads overlap
+    def stat(v: float) -> Stat:
+        xs = tuple(v + 0.1 * (2 * i / 39 - 1) for i in range(40))
+        return Stat(value=v, lo=v - 0.08, hi=v + 0.08, p10=v - 0.08, p90=v + 0.08, samples=xs)
+
+    a, b, c = stat(2.0), stat(2.06), stat(2.6)
+    assert mann_whitney_p(a.samples, b.samples) < 0.001  # the samples alone separate them
     cell = judge_cell([Outcome(PathSpec("a", ()), "ok", a), Outcome(PathSpec("b", ()), "ok", b)], 1, None)
-    assert cell.tie == (not significant(a, b)[0])
-    assert not cell.tie and "U test" in cell.how
+    assert cell.tie and "inside the noise floor" in cell.how and "U test" in cell.how
+    assert cell.tie == (judge(a, b, 0.0).verdict != "slower")
+    win = judge_cell([Outcome(PathSpec("a", ()), "ok", a), Outcome(PathSpec("c", ()), "ok", c)], 1, None)
+    assert not win.tie and "beyond the noise floor" in win.how
 
 
 def test_what_if_is_shown_never_picked(picker):

@@ -26,7 +26,7 @@ def write_report(
 
     categories: kernel -> category for the summary; by default read from the kernel registry (a result
     record's own ``category`` field wins when present). threshold: the relative change the history
-    section calls a regression (with the noise rule of dskbench.compare).
+    section calls a regression (with the noise rule of dskbench compare, dskbench.verdict).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

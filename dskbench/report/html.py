@@ -179,8 +179,10 @@ def _changes_section(
         parts.append(
             f'<div class="card"><h2>Changes on {e(m.name)}: <code>{e(labels[0])}</code> → '  # type: ignore[index]
             f"<code>{e(labels[1])}</code></h2>"  # type: ignore[index]
-            f'<p class="note">A change counts when the median moves by more than {threshold:.0%} and outside '
-            "the measured p10–p90 spread (or a rank test on the samples); see dskbench/compare.py.</p>"
+            f'<p class="note">A change counts when the median moves by more than {threshold:.0%} and the p10 '
+            "moves beyond the case's run-to-run noise floor (its history at earlier commits, else the "
+            "band prior of its latency), with a rank test on the samples agreeing: dskbench compare's rule "
+            "(dskbench/verdict.py). Each measurement once: shared_with twins are not counted.</p>"
             '<table class="changes"><thead><tr><th>kernel</th><th>series</th><th>slower / broke</th>'
             "<th>faster / fixed</th><th>within noise</th><th>largest slowdown</th><th>largest speed-up</th>"
             "</tr></thead><tbody>"

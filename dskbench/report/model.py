@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from dskbench.compare import Stat, judge, natural_key, stat_from_record
+from dskbench.compare import natural_key
+from dskbench.compare_inputs import aggregate, stat_from_record
 from dskbench.results import STATUSES, Run
+from dskbench.verdict import Stat, judge
 
 X_PREFERENCE = ("T", "B", "kv_len", "tp")
 CPU_NOTE = "CPU reference timings (torch references on the CPU; not GPU kernel performance)"
@@ -70,21 +72,25 @@ class Panel:
 
 @dataclass
 class History:
-    """Median latency of each (case, backend) at each commit (the latest run of that commit)."""
+    """Median latency of each (case, backend) at each commit (several runs of one commit: their
+    run-level median, as dskbench compare takes them)."""
 
     commits: list[tuple[str, str, str]]  # (commit, label, created)
     values: dict[tuple[str, str], list[Stat | None]] = field(default_factory=dict)
+    twins: set[tuple[str, str]] = field(default_factory=set)  # copies of another case's measurement
 
     def changes(self, threshold: float = 0.05) -> list[tuple[str, str, str, float | None, Stat, Stat]]:
-        """(case, backend, verdict, change, old, new) between the last two commits, not 'same'."""
+        """(case, backend, verdict, change, old, new) between the last two commits, not 'same'; judged
+        by dskbench compare's rule (dskbench.verdict), the earlier commits being the case's history.
+        Each measurement once: twins are left out."""
         out = []
         for (case, backend), stats in self.values.items():
             old, new = stats[-2], stats[-1]
-            if old is None or new is None:
+            if old is None or new is None or (case, backend) in self.twins:
                 continue
-            verdict, change, _ = judge(old, new, threshold)
-            if verdict not in ("same", "skipped"):
-                out.append((case, backend, verdict, change, old, new))
+            v = judge(old, new, threshold, history=[s for s in stats[:-2] if s is not None])
+            if v.verdict not in ("same", "skipped"):
+                out.append((case, backend, v.verdict, v.change, old, new))
         return sorted(out, key=lambda c: (natural_key(c[0]), c[1]))
 
 
@@ -169,7 +175,8 @@ def _split_fixed(op: str, variant: str | None, phases: list[str], recs: list[dic
 def history(machine: Machine, kernel: str) -> History | None:
     """Per-commit medians of the kernel's cases, when at least two commits measured the same one."""
     commits: list[tuple[str, str, str]] = []
-    per_commit: dict[str, dict[tuple[str, str], Stat]] = {}
+    per_commit: dict[str, dict[tuple[str, str], list[Stat]]] = {}
+    twins: set[tuple[str, str]] = set()
     for run in machine.runs:
         git = run.environment.get("git") or {}
         commit = str(git.get("commit") or "unknown")
@@ -180,13 +187,15 @@ def history(machine: Machine, kernel: str) -> History | None:
         for rec in run.results:
             if rec["kernel"] == kernel and not is_plan_skip(rec):
                 key = (rec.get("case_id") or kernel, rec["backend"]["name"])
-                per_commit[commit][key] = stat_from_record(rec, commit)
+                per_commit[commit].setdefault(key, []).append(stat_from_record(rec, commit))
+                if rec.get("shared_with"):
+                    twins.add(key)
     if len(commits) < 2:
         return None
-    h = History(commits)
+    h = History(commits, twins=twins)
     keys = sorted({k for d in per_commit.values() for k in d}, key=lambda k: (natural_key(k[0]), k[1]))
     for key in keys:
-        stats = [per_commit[c].get(key) for c, _, _ in commits]
+        stats = [aggregate(per_commit[c][key]) if key in per_commit[c] else None for c, _, _ in commits]
         present = [s for s in stats if s is not None and s.status != "skipped"]
         if len(present) >= 2 and any(s.status == "ok" for s in present):
             h.values[key] = stats
