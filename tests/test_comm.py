@@ -485,7 +485,7 @@ def test_comm_bench_failures_are_agreed_and_recorded(tmp_path):
     assert recs[(cid(4), "nccl")]["status"] == "ok"
     poison = recs[(cid(16), "nccl")]
     assert poison["status"] == "error" and "illegal memory access" in poison["reason"]
-    # a poisoned context ends the run: what is left is recorded as not run (--resume retries errors)
+    # a poisoned context ends the run: what is left is recorded as not run (an error: --resume keeps it)
     left = [r for (c, b), r in recs.items() if (c, b) != (cid(16), "nccl") and r["status"] == "error"]
     assert {r["case_id"] for r in left if r["backend"]["name"] == "nccl"} == {cid(1), cid(64)}
     not_run = [r for r in left if r["reason"].startswith("not run: ")]
