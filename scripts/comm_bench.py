@@ -17,6 +17,11 @@ our results file: one environment record (every rank's GPU), one result per (ker
 with the slowest rank's timing (a collective ends when its last rank does), every rank's median, and
 algorithm and bus bandwidth (busbw = 2(n-1)/n x T x H x 2 bytes / t, nccl-tests' convention).
 
+The execution engine (dskbench/execution/) supplies the pieces a process group can share with a
+sweep: the gating chain (gate.skip_reason), the hang limits' parsing (limits: --case-timeout,
+--setup-timeout, DSKBENCH_CASE_TIMEOUT_S), rank 0's results file, environment record and Recorder
+(sweep.recording), a dead process's reason (process.death_reason) and the kill of a process group.
+
 A failure that every rank sees (an exception in set-up, the first launch, the check or the timing) is
 recorded as that case's error and the run goes on; an error that poisons the CUDA context ends the run
 (the cases left are recorded as not run). A rank that hangs inside a collective cannot be recovered
@@ -26,8 +31,11 @@ as timed out. Records already written stay, and --resume skips them on the next 
 
 Driver mode (not under torchrun): `python scripts/comm_bench.py --nproc 2 --quick --out X` starts one
 torchrun of N processes per (kernel, backend), cheapest and safest first (NCCL, sgl_kernel's AOT
-custom all-reduce, NCCL + the norm, then the JIT-built sglang and FlashInfer kernels), each with an outer
-time limit, so a backend that hangs or kills its processes costs only its own cases.
+custom all-reduce, NCCL + the norm, then the JIT-built sglang and FlashInfer kernels), each in a session
+of its own with an outer time limit (a JIT build in a rank does not count against it), so a backend that
+hangs or kills its processes costs only its own cases. A torchrun that fails leaves the case it was on
+recorded as an error with why (its exit code or signal, the CUDA error; or that it timed out), as the
+engine records a dead worker's case; the cases after it keep no record, so --resume runs them.
 
 --device cpu runs the same path on CPU tensors over gloo (the nccl baselines become gloo all-reduces, the
 GPU kernels are skipped): for tests, and to try arguments before spending GPU time.
@@ -89,20 +97,34 @@ def _nvml_uuid_index(token: str) -> int:
 numeric_visible_devices(os.environ)
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime as dt  # noqa: E402
 import faulthandler  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Mapping  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dskbench.execution.limits import LimitError, parse_timeout, timeout_from_env  # noqa: E402
+from dskbench.execution.process import (  # noqa: E402
+    BUILD_GRACE_S,
+    POLL_S,
+    child_pids,
+    compiling,
+    death_reason,
+    kill_group,
+    signal_name,
+)
 
 KERNELS = ("custom_all_reduce", "flashinfer_communication_fusion")
 PHASES = ("decode", "prefill", "decode_graph")
@@ -113,6 +135,10 @@ EXIT_HUNG = 124  # the watchdog ended the process (as timeout(1) does)
 BACKEND_ORDER = ("nccl", "sgl_kernel", "nccl+fused_add_rmsnorm", "sglang_jit", "flashinfer")
 TEARDOWN_S = 90.0  # barrier and destroy_process_group at the end
 RANK_GRACE_S = 15.0  # ranks above 0 wait this much longer, so that rank 0 records a hang first
+CASE_TIMEOUT_S = 240.0  # --case-timeout's default (first-use JIT included)
+SETUP_TIMEOUT_S = 480.0  # --setup-timeout's default (JIT builds included)
+START_S = 60.0  # driver mode: a torchrun's start (rendezvous, imports), on top of its phases' limits
+STOP_GRACE_S = 45.0  # driver mode: after SIGTERM, how long a torchrun may take to stop its ranks
 
 
 def _csv_ints(s: str) -> list[int]:
@@ -151,17 +177,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--case-timeout",
-        type=float,
-        default=240.0,
-        help="seconds one case may take (first-use JIT included) before the ranks are ended (default 240)",
+        metavar="S",
+        help="seconds one case may take (first-use JIT included) before the ranks are ended; 0 = no limit "
+        f"(default: DSKBENCH_CASE_TIMEOUT_S when set, else {CASE_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--setup-timeout",
-        type=float,
-        default=480.0,
-        help="seconds a backend's set-up may take (JIT builds included) (default 480)",
+        metavar="S",
+        help="seconds a backend's set-up may take (JIT builds included); 0 = no limit "
+        f"(default {SETUP_TIMEOUT_S:g}; 0 when DSKBENCH_CASE_TIMEOUT_S is 0)",
     )
     return p
+
+
+def hang_limits(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> None:
+    """--case-timeout and --setup-timeout as seconds (0 = no limit), set on `args`. Unset, the case limit
+    is DSKBENCH_CASE_TIMEOUT_S when set (as for `dskbench run`; 0 there turns the watch off, set-up
+    included), else the defaults. Raises LimitError (one line) for a value that is not seconds >= 0."""
+    env = timeout_from_env(environ)
+    if args.case_timeout is None:
+        args.case_timeout = env if env is not None else CASE_TIMEOUT_S
+    else:
+        args.case_timeout = parse_timeout(str(args.case_timeout), "--case-timeout")
+    if args.setup_timeout is None:
+        args.setup_timeout = 0.0 if env == 0 else SETUP_TIMEOUT_S
+    else:
+        args.setup_timeout = parse_timeout(str(args.setup_timeout), "--setup-timeout")
 
 
 @dataclasses.dataclass
@@ -197,12 +238,26 @@ def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
     return plans
 
 
+def check_out(out: Path, resume: bool) -> None:
+    """--out must be new or a dskbench results file (and readable, to resume from): checked by every
+    process before any starts a process group, so that no rank is left waiting for one that refused.
+    Raises ResultsError (a ValueError) naming the file."""
+    from dskbench.results import prepare_append, read_runs
+
+    prepare_append(out, repair=False)  # rank 0's writer cuts an unfinished last line, and says so
+    if resume and out.exists():
+        read_runs([out])
+
+
 def plan_or_usage(args: argparse.Namespace, world: int, need_out: bool = True) -> list[Plan] | None:
-    """make_plan, or None after saying why on stderr (the caller exits with EXIT_USAGE)."""
+    """make_plan (and the --out check), or None after saying why on stderr (the caller exits with
+    EXIT_USAGE)."""
     if need_out and args.out is None:
         print("comm_bench.py: --out is required", file=sys.stderr)
         return None
     try:
+        if need_out:
+            check_out(args.out, args.resume)
         return make_plan(args, world)
     except ValueError as e:
         print(f"comm_bench.py: {e}", file=sys.stderr)
@@ -288,7 +343,7 @@ class Watchdog:
         self._exit, self._period, self._backstop, self._clock = exit, period, backstop, clock
         self._lock = threading.Lock()
         self._deadline: float | None = None
-        self._what, self._on_expire, self._code = "", None, EXIT_HUNG
+        self._what, self._on_expire, self._code, self._seconds = "", None, EXIT_HUNG, 0.0
         self.fired: str | None = None
         threading.Thread(target=self._loop, name="comm-bench-watchdog", daemon=True).start()
 
@@ -299,7 +354,7 @@ class Watchdog:
             return self.disarm()
         with self._lock:
             self._deadline = self._clock() + seconds
-            self._what, self._on_expire, self._code = what, on_expire, code
+            self._what, self._on_expire, self._code, self._seconds = what, on_expire, code, seconds
         if self._backstop:
             faulthandler.dump_traceback_later(seconds + self.BACKSTOP_S, exit=True)
 
@@ -314,11 +369,11 @@ class Watchdog:
             time.sleep(self._period)
             with self._lock:
                 expired = self._deadline is not None and self._clock() > self._deadline
-                what, on_expire, code = self._what, self._on_expire, self._code
+                what, on_expire, code, seconds = self._what, self._on_expire, self._code, self._seconds
             if expired:
                 self.fired = what
                 print(
-                    f"comm_bench.py: {what} ran past its limit: ending this process",
+                    f"comm_bench.py: timed out: {what} gave no result within {seconds:g} s; ending this process",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -339,13 +394,16 @@ class Watchdog:
 
 
 def _failure(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}".strip()[:2000]
+    """The engine's text for a failure (the CUDA error itself, out of memory marked as such)."""
+    from dskbench.execution.case import failure_message
+
+    return failure_message(e)
 
 
 def _agreed_error(base: dict[str, Any], errs: list[tuple[int, str]]) -> dict[str, Any]:
     """An error every rank records alike: the first failing rank's message; `poisoned` when any rank's
     error leaves its CUDA context unusable (the run must end)."""
-    from dskbench.runner import is_poisoning
+    from dskbench.execution.case import is_poisoning
 
     rank, msg = errs[0]
     fields = {**base, "status": "error", "reason": f"rank {rank}: {msg}"[:2000]}
@@ -362,8 +420,8 @@ def run_case(adapter, backend, setup, case, ctx, agree, args, run_seed: int) -> 
     applies to all); one launch and the check; the timing."""
     import torch
 
+    from dskbench.execution.items import case_seed
     from dskbench.measure.collective import measure_collective
-    from dskbench.runner import case_seed
 
     seed = case_seed(run_seed, case.id, backend.name)
     base: dict[str, Any] = {"seed": seed}
@@ -477,6 +535,11 @@ def summarize_ranks(timings: list[dict[str, Any]], case: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        hang_limits(args)
+    except LimitError as e:
+        print(f"comm_bench.py: {e}", file=sys.stderr)
+        return EXIT_USAGE
     world = int(os.environ.get("WORLD_SIZE", "0")) or (args.world or 0) or (args.nproc or 0)
     if args.dry_run:
         return dry_run(args, world or 2)
@@ -508,6 +571,32 @@ def dry_run(args: argparse.Namespace, world: int) -> int:
     return 0
 
 
+def work_items(
+    plans: list[Plan], done: set[tuple[str, str]]
+) -> list[tuple[Plan, Any, list[tuple[Any, Any]]]]:
+    """(plan, backend, [(work item, case)]) in BACKEND_ORDER: the cases --resume did not find done, each
+    as the engine's WorkItem (its identity in every record; `index`: its place in this run)."""
+    from dskbench.execution.items import WorkItem
+
+    out, n = [], 0
+    for plan, backend in ordered(plans):
+        pairs = []
+        for c in plan.cases:
+            if (c.id, backend.name) not in done:
+                pairs.append((WorkItem(n, plan.kernel, backend.name, c.to_json()), c))
+                n += 1
+        out.append((plan, backend, pairs))
+    return out
+
+
+def hang_reason(limit_s: float, limit: str) -> str:
+    """A phase the watchdog ended, in the engine's words (a worker's time-out)."""
+    return (
+        f"timed out: no result within {limit_s:g} s ({limit}); a rank hung in a collective or a kernel, "
+        "and the ranks were ended"
+    )
+
+
 def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watchdog | None = None) -> int:
     import torch
     import torch.distributed as dist
@@ -516,10 +605,14 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
     from dskbench.adapters.comm import RANK_SETUPS, RankContext
     from dskbench.backends import DeviceInfo, Unavailable, resolve
     from dskbench.environment import environment, new_run_id
+    from dskbench.execution.case import backend_block
+    from dskbench.execution.gate import skip_reason
+    from dskbench.execution.items import SweepOptions, sweep_seed
+    from dskbench.execution.sweep import SweepSummary, recording
     from dskbench.measure.collective import Agreement
-    from dskbench.results import ResultsWriter, environment_record, finished_cases, read_runs, result_record
-    from dskbench.runner import backend_block
+    from dskbench.results import finished_cases, read_runs
 
+    t0 = time.monotonic()
     # collectives give up after the longest phase the watchdog allows (it should act first)
     watched = args.setup_timeout > 0 and args.case_timeout > 0
     pg_timeout = max(args.setup_timeout, args.case_timeout) + 2 * RANK_GRACE_S + 60 if watched else 1800.0
@@ -533,8 +626,7 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
         """A phase's watchdog limit on this rank (0: not watched)."""
         return seconds + grace if seconds > 0 else 0.0
 
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
-    run_seed = int(agree.value(seed))
+    run_seed = int(agree.value(sweep_seed(SweepOptions(seed=args.seed))))
     if device.type == "cuda":
         blocks = agree.gather(gpu_block(device.index))
         info = DeviceInfo("cuda", blocks[0]["name"], blocks[0]["sm"], world)
@@ -544,10 +636,10 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
     done = set()
     if args.resume and rank == 0 and args.out.exists():
         done = finished_cases(read_runs([args.out]))
-    done = {tuple(k) for k in agree.gather(sorted(done))[0]}
-    writer = None
-    write_lock = threading.Lock()
-    run_id = new_run_id()
+    work = work_items(plans, {tuple(k) for k in agree.gather(sorted(done))[0]})
+    n_items = sum(len(pairs) for _p, _b, pairs in work)
+    files = contextlib.ExitStack()
+    record = None  # rank 0 alone writes the results file, through the engine's Recorder
     if rank == 0:
         env = environment(info)
         if device.type == "cuda":
@@ -557,65 +649,59 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
             "mode": args.mode,
             "run_seed": run_seed,
             "quick": args.quick,
+            "items": n_items,
             "case_timeout_s": args.case_timeout,
             "setup_timeout_s": args.setup_timeout,
         }
-        writer = ResultsWriter(args.out)
-        writer.write(
-            environment_record(run_id, **env, gpus=blocks, settings=settings, command=["torchrun", *sys.argv])
-        )
-    counts: dict[str, int] = {}
+        environment_fields = {
+            "run_id": new_run_id(),
+            **env,
+            "gpus": blocks,
+            "settings": settings,
+            "command": ["torchrun", *sys.argv],
+        }
+        record = files.enter_context(recording(args.out, environment_fields, progress=_print_line))
 
-    def emit(case: Any, block: dict[str, Any], fields: dict[str, Any]) -> None:
-        """Rank 0 writes the case's record (the watchdog thread too, hence the lock)."""
-        fields = dict(fields)
-        status = fields.pop("status")
-        counts[status] = counts.get(status, 0) + 1
-        if writer is None:
-            return
-        rec = result_record(
-            run_id, status, case_id=case.id, **case.to_json(), backend=block, world=world, **fields
-        )
-        if write_lock.acquire(timeout=10):
-            try:
-                writer.write(rec)
-            finally:
-                write_lock.release()
-        print(_line(case, block["name"], status, fields), flush=True)
+    def emit(item: Any, block: dict[str, Any], fields: dict[str, Any]) -> None:
+        """Rank 0 records the case (the watchdog's thread too: the Recorder is thread-safe)."""
+        if record is not None:
+            record(item, {**item.identity(), "backend": block, "world": world, **fields})
 
-    def timed_out(cases: list[Any], block: dict[str, Any], what: str, limit: float) -> Callable[[], None]:
-        def record() -> None:
-            why = (
-                f"timed out: {what} did not end within {limit:.0f} s (a rank hung in a collective or a "
-                "kernel); the run was ended here"
-            )
-            for c in cases:
-                emit(c, block, {"status": "error", "reason": why})
+    def timed_out(pairs: list[Any], block: dict[str, Any], limit_s: float, what: str) -> Callable[[], None]:
+        def on_expire() -> None:
+            for item, _case in pairs:
+                emit(item, block, {"status": "error", "reason": hang_reason(limit_s, what)})
 
-        return record
+        return on_expire
 
     stranded: list[Any] = []  # setups never closed (kept alive: their __del__ may close collectively)
     poisoned: str | None = None
     completed = False
     try:
-        for plan, backend in ordered(plans):
+        for plan, backend, pairs in work:
             adapter = get_adapter(plan.kernel)
-            cases = [c for c in plan.cases if (c.id, backend.name) not in done]
-            if not cases:
+            if not pairs:
                 continue
             block: dict[str, Any] = {"name": backend.name}
             if poisoned:
-                for case in cases:
-                    emit(case, block, {"status": "error", "reason": f"not run: {poisoned}"[:2000]})
+                for item, _case in pairs:
+                    emit(item, block, {"status": "error", "reason": f"not run: {poisoned}"[:2000]})
                 continue
-            max_tokens = max(int(c.dims["T"]) for c in cases)
-            ctx = RankContext(
-                rank, world, device, device_group, cpu_group, max_tokens, int(cases[0].dims["H"])
-            )
-            what = f"the set-up of {plan.kernel} · {backend.name}"
-            wd.arm(limit(args.setup_timeout), what, timed_out(cases, block, what, args.setup_timeout))
-            setup, why = None, backend.requires.reason_unmet(info)
-            if why is None:
+            # the engine's gating chain, rank 0's answer for all (one answer keeps the ranks in step)
+            gated = agree.gather([skip_reason(adapter, backend, c, info, ranks=world) for _i, c in pairs])[0]
+            runnable = [pair for pair, gate in zip(pairs, gated, strict=True) if not gate]
+            setup, why, reasons = None, None, []
+            if runnable:
+                max_tokens = max(int(c.dims["T"]) for _i, c in runnable)
+                ctx = RankContext(
+                    rank, world, device, device_group, cpu_group, max_tokens, int(runnable[0][1].dims["H"])
+                )
+                what = f"the set-up of {plan.kernel} · {backend.name}"
+                wd.arm(
+                    limit(args.setup_timeout),
+                    what,
+                    timed_out(runnable, block, args.setup_timeout, f"{what}, --setup-timeout"),
+                )
                 try:
                     resolved = resolve(backend)
                     block = backend_block(backend, resolved)
@@ -624,19 +710,25 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
                     why = str(e)
                 except Exception as e:  # noqa: BLE001 - a setup that fails on a rank skips on all
                     why = f"setup failed: {_failure(e)}"
-            reasons = [r for r in agree.gather(why) if r]
-            wd.disarm()
-            if reasons and setup is not None:  # failed on another rank: closing here would start
-                stranded.append(setup)  # a collective (a barrier) that rank never joins
-                setup = None
-            for case in cases:
-                if reasons:
+                reasons = [r for r in agree.gather(why) if r]
+                wd.disarm()
+                if reasons and setup is not None:  # failed on another rank: closing here would start
+                    stranded.append(setup)  # a collective (a barrier) that rank never joins
+                    setup = None
+            for (item, case), gate in zip(pairs, gated, strict=True):
+                if gate:
+                    fields = {"status": "skipped", "reason": gate}
+                elif reasons:
                     fields = {"status": "skipped", "reason": reasons[0][:2000]}
                 elif poisoned:
                     fields = {"status": "error", "reason": f"not run: {poisoned}"[:2000]}
                 else:
                     what = f"{case.id} · {backend.name}"
-                    wd.arm(limit(args.case_timeout), what, timed_out([case], block, what, args.case_timeout))
+                    wd.arm(
+                        limit(args.case_timeout),
+                        what,
+                        timed_out([(item, case)], block, args.case_timeout, "--case-timeout"),
+                    )
                     fields = run_case(adapter, backend, setup, case, ctx, agree, args, run_seed)
                     wd.disarm()
                     if fields.pop("poisoned", False):
@@ -645,7 +737,7 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
                         )
                     elif device.type == "cuda":
                         torch.cuda.empty_cache()
-                emit(case, block, fields)
+                emit(item, block, fields)
             if setup is not None and poisoned:
                 stranded.append(setup)  # a broken context: closing could hang
             elif setup is not None:
@@ -659,25 +751,29 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
     finally:
         # everything is on disk: a teardown that hangs (NCCL) ends the process, with success if the run was
         wd.arm(TEARDOWN_S + grace, "the end of the run", code=0 if completed else EXIT_HUNG)
-        if writer is not None:
-            with write_lock:
-                writer.close()
+        files.close()
         try:
             dist.barrier(group=cpu_group)
             dist.destroy_process_group()
         except Exception as e:  # noqa: BLE001 - the results are written; say so and end
             print(f"comm_bench.py: teardown: {_failure(e)}", file=sys.stderr, flush=True)
         wd.disarm()
-    if rank == 0:
-        print(", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + f" -> {args.out}")
+    if record is not None:
+        print(SweepSummary(args.out, record.counts, time.monotonic() - t0, n_items).line())
     return 0
 
 
-def _line(case: Any, backend: str, status: str, fields: dict[str, Any]) -> str:
+def _print_line(item: Any, status: str, fields: dict[str, Any]) -> None:
+    print(_line(item, status, fields), flush=True)
+
+
+def _line(item: Any, status: str, fields: dict[str, Any]) -> str:
+    """Rank 0's progress line for a recorded case."""
     m = fields.get("metrics") or {}
+    backend = fields["backend"]["name"]
     if status == "ok":
-        return f"{case.id:55} {backend:24} {m['latency_us']:10.2f} us  busbw {m['busbw_gbps']:8.1f} GB/s"
-    return f"{case.id:55} {backend:24} {status}: {str(fields.get('reason', ''))[:100]}"
+        return f"{item.case_id:55} {backend:24} {m['latency_us']:10.2f} us  busbw {m['busbw_gbps']:8.1f} GB/s"
+    return f"{item.case_id:55} {backend:24} {status}: {str(fields.get('reason', ''))[:100]}"
 
 
 # -- driver mode -----------------------------------------------------------------------------------------
@@ -718,7 +814,9 @@ def start_precompile(backends: list[str], world: int) -> list[tuple[str, subproc
             continue
         log = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-c", code.format(world=world)]
-        procs.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        # a session of its own: stopping it stops its compilers too
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append((name, proc, log))
         print(f"comm_bench.py: building {name}'s JIT modules in the background", flush=True)
     return procs
 
@@ -726,7 +824,7 @@ def start_precompile(backends: list[str], world: int) -> list[tuple[str, subproc
 def stop_precompile(procs: list[tuple[str, subprocess.Popen, Any]]) -> None:
     for name, proc, log in procs:
         if proc.poll() is None:
-            proc.kill()
+            kill_group(proc.pid)
         proc.wait()
         if proc.returncode not in (0, -signal.SIGKILL):
             log.seek(0)
@@ -757,23 +855,158 @@ def child_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def run_child(cmd: list[str], limit: float | None, grace: float = 45.0) -> int:
-    """Run one torchrun; past `limit` seconds SIGTERM it (it stops its ranks), then SIGKILL."""
-    proc = subprocess.Popen(cmd)
-    try:
-        return proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        print(f"comm_bench.py: the torchrun ran past {limit:.0f} s: stopping it", file=sys.stderr, flush=True)
-        proc.send_signal(signal.SIGTERM)
-        try:
+# The launcher of one backend's processes, and the clock its outer limit reads (tests put fakes here).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+CLOCK: Callable[[], float] = time.monotonic
+TAIL_LINES = 400  # a torchrun's last stderr lines kept for the reason of its failure
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the driver, handled as Ctrl-C is: the running torchrun stopped, the file left whole."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def torchrun_words(stderr: str) -> str:
+    """A failed torchrun's stderr as process.last_words should read it: its ranks' output (a CUDA error or
+    an exception of theirs says most), with torchrun's own report (its launcher's traceback and the
+    ChildFailedError table) cut down to one line first: which rank failed first, and how."""
+    head, sep, report = stderr.rpartition("Traceback (most recent call last):")
+    if not sep or "ChildFailedError" not in report:
+        return stderr
+    m = _ROOT_CAUSE.search(report)
+    if m is None:
+        return head
+    code = int(m[2])
+    how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
+    return f"ChildFailedError: rank {m[1]} {how}\n{head}"
+
+
+def _relay(stream: Any, tail: collections.deque) -> None:
+    """Pass a torchrun's stderr through as it comes, keeping its last lines."""
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        tail.append(line)
+
+
+def stop_child(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> int:
+    """Stop a torchrun: SIGTERM (it stops its ranks), then after `grace` seconds SIGKILL to whatever is
+    left: its process group and each rank's (torchrun starts every rank in a session of its own, out of
+    reach of a kill of its group). Returns its exit code."""
+    ranks = set(child_pids(proc.pid))
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return EXIT_HUNG
-    except BaseException:
-        proc.send_signal(signal.SIGTERM)
+    for pid in sorted(ranks | set(child_pids(proc.pid))):
+        kill_group(pid)
+    kill_group(proc.pid)
+    return proc.wait()
+
+
+def run_child(
+    cmd: list[str],
+    limit: float | None,
+    what: str = "its limit",
+    grace: float = STOP_GRACE_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int, str | None]:
+    """Run one torchrun in a session of its own, its stderr passed through. Past `limit` seconds (None:
+    no limit) it is stopped (stop_child); a JIT build in a rank (a compiler in the rank's process group)
+    does not count against the limit, up to process.BUILD_GRACE_S, as for the engine's workers. Returns
+    its exit code and, when it failed, why in the engine's words (None when it succeeded)."""
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1, start_new_session=True
+    )
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    relay = threading.Thread(target=_relay, args=(proc.stderr, tail), name="torchrun-stderr", daemon=True)
+    relay.start()
+    deadline = clock() + limit if limit else None
+    timed_out = None
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = clock()
+            if deadline is None or now <= deadline:
+                continue
+            if now - deadline < BUILD_GRACE_S and any(compiling(pid) for pid in child_pids(proc.pid)):
+                continue  # a rank is building a JIT module: that time is not the kernel's
+            timed_out = (
+                f"timed out: no result within {limit:g} s ({what}); the torchrun and its ranks were killed"
+            )
+            print(f"comm_bench.py: {timed_out}", file=sys.stderr, flush=True)
+            code = stop_child(proc, grace)
+            break
+    except BaseException:  # Ctrl-C, SIGTERM: its ranks must not outlive the driver
+        stop_child(proc, grace)
         raise
+    finally:
+        relay.join(5)
+    if timed_out is not None:
+        return EXIT_HUNG, timed_out
+    if code == 0:
+        return 0, None
+    return code, death_reason(code, torchrun_words("".join(tail)), who="torchrun")
+
+
+def file_state(out: Path, resume: bool) -> tuple[set[str], set[tuple[str, str]]]:
+    """The runs `out` holds, and the cases a torchrun started now skips (with --resume: finished_cases)."""
+    from dskbench.results import finished_cases, read_runs
+
+    if not out.exists():
+        return set(), set()
+    runs = read_runs([out])
+    return {r.run_id for r in runs}, finished_cases(runs) if resume else set()
+
+
+def record_lost_case(
+    args: argparse.Namespace,
+    plan: Plan,
+    backend: Any,
+    before: tuple[set[str], set[tuple[str, str]]],
+    why: str,
+) -> None:
+    """After a torchrun that failed: the first case it had to run and left without a record is recorded
+    as an error with why (the case it was on, or whose set-up it was in: the engine charges a dead
+    worker's case alike). Its later cases keep no record, so --resume runs them. Nothing is recorded
+    when the torchrun wrote no run (it measured nothing), or when its last record is a time-out (its
+    watchdog recorded the hang and ended the ranks)."""
+    from dskbench.execution.sweep import Recorder
+    from dskbench.results import ResultsError, ResultsWriter, read_runs
+
+    run_ids, done = before
+    label = f"{plan.kernel} · {backend.name}"
+    try:
+        runs = [r for r in read_runs([args.out]) if r.run_id not in run_ids] if args.out.exists() else []
+    except ResultsError as e:
+        print(f"comm_bench.py: {label}: {why}; its results cannot be read: {e}", file=sys.stderr, flush=True)
+        return
+    if not runs:
+        print(f"comm_bench.py: {label}: {why}; it recorded no run", file=sys.stderr, flush=True)
+        return
+    run = runs[-1]
+    if run.results and str(run.results[-1].get("reason", "")).startswith("timed out:"):
+        return
+    recorded = {(r.get("case_id"), r["backend"]["name"]) for r in run.results}
+    ((_plan, _backend, pairs),) = work_items([Plan(plan.kernel, [backend], plan.cases)], done)
+    item = next((it for it, _case in pairs if (it.case_id, backend.name) not in recorded), None)
+    if item is None:
+        return  # it failed after its last case (closing, teardown): no case to charge
+    fields = {"status": "error", "reason": why[:2000], "world": args.nproc}
+    with ResultsWriter(args.out) as w:
+        Recorder(w, run.run_id)(item, {**item.identity(), **fields})
+    print(f"comm_bench.py: {item.case_id} · {backend.name}: error: {why}", file=sys.stderr, flush=True)
 
 
 def drive(args: argparse.Namespace) -> int:
@@ -790,14 +1023,24 @@ def drive(args: argparse.Namespace) -> int:
     common = child_args(args)
     ended: list[tuple[str, str, int, float]] = []
     names = [b.name for p, b in ordered(plans) if p.cases]
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     builds = start_precompile(names, n) if args.device == "cuda" and not args.no_precompile else []
     try:
         for plan, backend in ordered(plans):
             if not plan.cases:
                 continue
             ended.append(drive_one(args, plan, backend, script, common))
+    except KeyboardInterrupt as e:
+        from dskbench.execution.sweep import interrupted_message
+
+        stopped = isinstance(e, Terminated)
+        print(interrupted_message(args.out, "SIGTERM" if stopped else "SIGINT"), file=sys.stderr, flush=True)
+        return 143 if stopped else 130
     finally:
         stop_precompile(builds)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     for kernel, name, rc, wall in ended:
         print(f"comm_bench.py: {kernel} · {name}: exit code {rc} after {wall:.0f} s", flush=True)
     return 0 if all(rc == 0 for *_k, rc, _w in ended) else 1
@@ -806,18 +1049,26 @@ def drive(args: argparse.Namespace) -> int:
 def drive_one(
     args: argparse.Namespace, plan: Plan, backend: Any, script: str, common: list[str]
 ) -> tuple[str, str, int, float]:
-    """One (kernel, backend) in its own torchrun: (kernel, backend, exit code, seconds)."""
+    """One (kernel, backend) in its own torchrun: (kernel, backend, exit code, seconds). A failed one
+    leaves its case recorded with why (record_lost_case)."""
     n = args.nproc
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
-    cmd += [script, *common, "--kernel", plan.kernel, "--backend", backend.name]
+    cmd = [*TORCHRUN, "--nproc-per-node", str(n), script, *common, "--kernel", plan.kernel]
+    cmd += ["--backend", backend.name]
     watched = args.setup_timeout > 0 and args.case_timeout > 0
-    limit = args.setup_timeout + len(plan.cases) * args.case_timeout + 2 * TEARDOWN_S + 60
+    limit = args.setup_timeout + len(plan.cases) * args.case_timeout + 2 * TEARDOWN_S + START_S
+    what = (
+        f"--setup-timeout {args.setup_timeout:g} s + {len(plan.cases)} cases x --case-timeout "
+        f"{args.case_timeout:g} s + start and teardown"
+    )
     print(
         f"comm_bench.py: {plan.kernel} · {backend.name}: {len(plan.cases)} cases, torchrun x{n}",
         flush=True,
     )
+    before = file_state(args.out, args.resume)
     t0 = time.monotonic()
-    rc = run_child(cmd, limit if watched else None)
+    rc, why = run_child(cmd, limit if watched else None, what, clock=CLOCK)
+    if why is not None:
+        record_lost_case(args, plan, backend, before, why)
     return plan.kernel, backend.name, rc, time.monotonic() - t0
 
 

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -484,7 +485,7 @@ def test_comm_bench_failures_are_agreed_and_recorded(tmp_path):
     assert recs[(cid(4), "nccl")]["status"] == "ok"
     poison = recs[(cid(16), "nccl")]
     assert poison["status"] == "error" and "illegal memory access" in poison["reason"]
-    # a poisoned context ends the run: what is left is recorded as not run (--resume retries errors)
+    # a poisoned context ends the run: what is left is recorded as not run (an error: --resume keeps it)
     left = [r for (c, b), r in recs.items() if (c, b) != (cid(16), "nccl") and r["status"] == "error"]
     assert {r["case_id"] for r in left if r["backend"]["name"] == "nccl"} == {cid(1), cid(64)}
     not_run = [r for r in left if r["reason"].startswith("not run: ")]
@@ -503,8 +504,14 @@ def test_comm_bench_watchdog_records_a_hang_and_ends_the_ranks(tmp_path):
     by_case = {r["case_id"]: r for r in run.results}
     assert by_case["custom_all_reduce/all_reduce/decode/T=1,tp=2"]["status"] == "ok"
     hung = by_case["custom_all_reduce/all_reduce/decode/T=4,tp=2"]
-    assert hung["status"] == "error" and hung["reason"].startswith("timed out: ")
-    assert "ran past its limit" in done[0].stderr
+    assert hung["status"] == "error" and hung["reason"] == (  # worded as the engine's time-outs
+        "timed out: no result within 3 s (--case-timeout); a rank hung in a collective or a kernel, "
+        "and the ranks were ended"
+    )
+    assert (
+        "comm_bench.py: timed out: custom_all_reduce/all_reduce/decode/T=4,tp=2 · nccl gave no result "
+        "within 3 s; ending this process" in done[0].stderr
+    )
 
 
 def test_comm_bench_driver_runs_one_torchrun_per_backend(tmp_path):
@@ -582,3 +589,261 @@ def test_comm_bench_eight_gloo_ranks_run_the_tp8_path(tmp_path):
     assert rec["world"] == 8 and len(rec["ranks"]) == 8 and rec["check"]["error"] < 1e-2
     m = rec["metrics"]
     assert m["busbw_gbps"] == pytest.approx(m["algbw_gbps"] * 2 * 7 / 8)
+
+
+# -- the engine's pieces in scripts/comm_bench.py: limits, --out, the driver's watch ---------------------
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_comm_bench_bad_limits_and_out_are_one_line_usage_errors(monkeypatch, capsys, tmp_path):
+    cb = _script(monkeypatch)
+    monkeypatch.delenv("DSKBENCH_CASE_TIMEOUT_S", raising=False)
+    for flag, bad in (("--case-timeout", "soon"), ("--case-timeout", "-1"), ("--setup-timeout", "nan")):
+        assert cb.main(["--dry-run", "--world", "2", flag, bad]) == cb.EXIT_USAGE
+        assert _one_line_error(capsys) == (
+            f"comm_bench.py: {flag}: expected seconds (a number >= 0, 0 = no limit), got {bad!r}"
+        )
+    monkeypatch.setenv("DSKBENCH_CASE_TIMEOUT_S", "inf")
+    assert cb.main(["--dry-run", "--world", "2"]) == cb.EXIT_USAGE
+    assert _one_line_error(capsys).startswith("comm_bench.py: DSKBENCH_CASE_TIMEOUT_S: expected seconds")
+    monkeypatch.delenv("DSKBENCH_CASE_TIMEOUT_S")
+    readme = tmp_path / "README.md"
+    readme.write_text("# not results\n")
+    for world in ({"WORLD_SIZE": "2", "RANK": "0"}, {}):  # a rank (before its process group), the driver
+        for k in ("WORLD_SIZE", "RANK"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in world.items():
+            monkeypatch.setenv(k, v)
+        args = ["--device", "cpu", "--out", str(readme)] + ([] if world else ["--nproc", "2"])
+        assert cb.main(args) == cb.EXIT_USAGE
+        assert _one_line_error(capsys).startswith(f"comm_bench.py: {readme} is not a dskbench results file")
+    assert readme.read_text() == "# not results\n"
+
+
+def test_comm_bench_limits_default_from_the_environment(monkeypatch):
+    cb = _script(monkeypatch)
+
+    def limits(argv, environ):
+        args = cb.build_parser().parse_args(argv)
+        cb.hang_limits(args, environ)
+        return args.case_timeout, args.setup_timeout
+
+    assert limits([], {}) == (cb.CASE_TIMEOUT_S, cb.SETUP_TIMEOUT_S) == (240.0, 480.0)
+    assert limits([], {"DSKBENCH_CASE_TIMEOUT_S": "30"}) == (30.0, 480.0)
+    assert limits([], {"DSKBENCH_CASE_TIMEOUT_S": "0"}) == (0.0, 0.0)  # the watch off, as for dskbench run
+    flags = ["--case-timeout", "12.5", "--setup-timeout", "0"]
+    assert limits(flags, {"DSKBENCH_CASE_TIMEOUT_S": "30"}) == (12.5, 0.0)  # flags win
+    with pytest.raises(cb.LimitError, match="DSKBENCH_CASE_TIMEOUT_S"):
+        limits(flags, {"DSKBENCH_CASE_TIMEOUT_S": "x"})  # a bad setting is an error even when unused
+
+
+def test_the_gating_chain_lets_a_process_group_run_its_collective():
+    from dskbench.execution.gate import skip_reason
+
+    case = _case("custom_all_reduce", 16, 4)
+    adapter = CustomAllReduce()
+    nccl = {b.name: b for b in adapter.backends}["nccl"]
+    four = DeviceInfo("cuda", "NVIDIA H200", 90, 4)
+    assert "torchrun --nproc-per-node 4" in skip_reason(adapter, nccl, case, four)  # the sweep's worker
+    assert skip_reason(adapter, nccl, case, four, ranks=4) is None  # comm_bench's four ranks
+    assert skip_reason(adapter, nccl, case, DeviceInfo("cpu"), ranks=4) is None  # gloo ranks
+    assert skip_reason(adapter, nccl, case, DeviceInfo("cpu"), ranks=2) == "needs 4 GPUs (found 0)"
+    sgl = {b.name: b for b in adapter.backends}["sgl_kernel"]
+    assert (
+        skip_reason(adapter, sgl, case, DeviceInfo("cpu"), ranks=4) == "needs a CUDA GPU (found no CUDA GPU)"
+    )
+
+
+# A stand-in for torchrun: it starts a "rank" in a session of its own (as torchrun does) and a helper in
+# its own process group, then says so in a ready file and waits; with "build" the rank runs a
+# "compiler" in its group. It and what it starts ignore SIGTERM, so only the kill of the groups ends them.
+FAKE_LAUNCHER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by what it starts
+ready, mode = sys.argv[1], sys.argv[2]
+sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+rank_code = "import subprocess, sys, time\\n"
+if mode == "build":
+    rank_code += "c = subprocess.Popen(%r); print(c.pid, flush=True)\\n" % (sleep,)
+else:
+    rank_code += "print(0, flush=True)\\n"
+rank_code += "time.sleep(600)\\n"
+rank = subprocess.Popen([sys.executable, "-c", rank_code], stdout=subprocess.PIPE, text=True,
+                        start_new_session=True)
+compiler = int(rank.stdout.readline())
+helper = subprocess.Popen(sleep)
+with open(ready + ".tmp", "w") as fh:
+    fh.write(f"{rank.pid} {helper.pid} {compiler}")
+import os; os.rename(ready + ".tmp", ready)
+time.sleep(600)
+"""
+
+
+class ReadyClock:
+    """Stands still (0) until the fake launcher's ready file exists (waiting on it is bounded by a
+    generous real limit, not a race), then reads `after[0]`, `after[1]`, ... (the last one repeated)."""
+
+    def __init__(self, ready: Path, after: list[float]):
+        self.ready, self.after, self.served = ready, after, []
+        self.give_up = time.monotonic() + 120
+
+    def __call__(self) -> float:
+        if not self.ready.exists() and time.monotonic() < self.give_up:
+            return 0.0
+        value = self.after[min(len(self.served), len(self.after) - 1)]
+        self.served.append(value)
+        return value
+
+
+def _gone(pid: int, wait_s: float = 60) -> bool:
+    """Whether `pid` has ended (a zombie awaiting its reaper has), waiting up to wait_s for a kill's
+    delivery."""
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_driver_kills_a_hung_launcher_with_its_ranks_and_says_why(monkeypatch, tmp_path, capsys):
+    cb = _script(monkeypatch)
+    prog, ready = tmp_path / "launcher.py", tmp_path / "ready"
+    prog.write_text(FAKE_LAUNCHER)
+    clock = ReadyClock(ready, [100.0 + 1])  # past the limit as soon as the launcher is ready
+    code, why = cb.run_child([sys.executable, str(prog), str(ready), "hang"], 100, "a test", 0.1, clock)
+    assert code == cb.EXIT_HUNG
+    assert why == "timed out: no result within 100 s (a test); the torchrun and its ranks were killed"
+    assert f"comm_bench.py: {why}" in capsys.readouterr().err
+    rank, helper, _ = (int(x) for x in ready.read_text().split())
+    assert _gone(rank) and _gone(helper)  # its own group's and the rank's own session's processes
+
+
+def test_driver_does_not_count_a_ranks_jit_build_against_the_limit(monkeypatch, tmp_path):
+    cb = _script(monkeypatch)
+    prog, ready = tmp_path / "launcher.py", tmp_path / "ready"
+    prog.write_text(FAKE_LAUNCHER)
+    late = 100.0 + cb.BUILD_GRACE_S + 1
+    clock = ReadyClock(ready, [101.0] * 5 + [late])  # past the limit, a compiler runs; later past the grace
+    code, why = cb.run_child([sys.executable, str(prog), str(ready), "build"], 100, "a test", 0.1, clock)
+    assert code == cb.EXIT_HUNG and why.startswith("timed out: no result within 100 s")
+    assert clock.served[-1] == late and clock.served.count(101.0) == 5  # not killed while building
+    rank, helper, compiler = (int(x) for x in ready.read_text().split())
+    assert _gone(rank) and _gone(helper) and _gone(compiler)
+
+
+def test_driver_reason_for_a_dead_launcher_is_the_engines(monkeypatch):
+    cb = _script(monkeypatch)
+    crash = (
+        "import sys; print('Traceback (most recent call last):', file=sys.stderr); "
+        "print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr); "
+        "print('CUDA kernel errors might be asynchronously reported at some other API call', file=sys.stderr); "
+        "sys.exit(1)"
+    )
+    assert cb.run_child([sys.executable, "-c", crash], None) == (
+        1,
+        "torchrun died (exit code 1) while running this case: "
+        "CUDA error: an illegal memory access was encountered",
+    )
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert cb.run_child([sys.executable, "-c", killed], 1000) == (
+        -9,
+        "torchrun died (killed by SIGKILL) while running this case",
+    )
+    assert cb.run_child([sys.executable, "-c", "pass"], 1000) == (0, None)
+
+
+SEGV_RANK = """
+import os, signal, time
+if os.environ["RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGSEGV)
+time.sleep(60)
+"""
+
+
+def test_driver_reason_names_the_rank_torchrun_lost(monkeypatch, tmp_path):
+    """A real torchrun whose rank 1 dies of SIGSEGV: the reason says so, not torchrun's own traceback."""
+    cb = _script(monkeypatch)
+    prog = tmp_path / "segv.py"
+    prog.write_text(SEGV_RANK)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # run_child passes this process's environment on
+        monkeypatch.delenv(k, raising=False)
+    code, why = cb.run_child([*cb.TORCHRUN, "--nproc-per-node", "2", str(prog)], None)
+    assert code == 1
+    assert (
+        why
+        == "torchrun died (exit code 1) while running this case: ChildFailedError: rank 1 killed by SIGSEGV"
+    )
+
+
+# A stand-in for one backend's torchrun in driver mode: it writes a run to --out as rank 0 would (one
+# case recorded), then fails as told.
+FAKE_TORCHRUN = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from dskbench.results import ResultsWriter, environment_record, result_record
+mode, ready, argv = sys.argv[2], sys.argv[3], sys.argv[4:]
+out = argv[argv.index("--out") + 1]
+if mode == "nothing":
+    print("RuntimeError: the rendezvous failed", file=sys.stderr)
+    sys.exit(1)
+cid = "custom_all_reduce/all_reduce/decode/T={},tp=2".format
+ident = dict(kernel="custom_all_reduce", op="all_reduce", variant=None, phase="decode", backend={"name": "nccl"})
+with ResultsWriter(out) as w:
+    w.write(environment_record("fake-run", created="now", device={"kind": "cpu"}, versions={}))
+    w.write(result_record("fake-run", "wrong", case_id=cid(1), index=0, reason="fake", **ident))
+    if mode == "watchdog":
+        w.write(result_record("fake-run", "error", case_id=cid(4), index=1, reason="timed out: fake", **ident))
+if mode == "hang":
+    open(ready, "w").close()
+    time.sleep(600)
+print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("mode", ["crash", "hang", "watchdog", "nothing"])
+def test_driver_records_the_case_a_failed_torchrun_was_on(monkeypatch, tmp_path, capsys, mode):
+    cb = _script(monkeypatch)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DSKBENCH_CASE_TIMEOUT_S"):
+        monkeypatch.delenv(k, raising=False)
+    prog, ready, out = tmp_path / "torchrun.py", tmp_path / "ready", tmp_path / "driver.jsonl"
+    prog.write_text(FAKE_TORCHRUN)
+    monkeypatch.setattr(cb, "TORCHRUN", [sys.executable, str(prog), str(REPO), mode, str(ready)])
+    monkeypatch.setattr(cb, "CLOCK", ReadyClock(ready, [1e9]))
+    args = ["--nproc", "2", "--device", "cpu", "--kernel", "custom_all_reduce", "--backend", "nccl"]
+    args += ["--tokens", "1,4,16", "--sweep", "decode", "--out", str(out)]
+    assert cb.main(args) == 1
+    err = capsys.readouterr().err
+    if mode == "nothing":
+        assert not out.exists()
+        assert "custom_all_reduce · nccl: torchrun died (exit code 1) while running this case: " in err
+        assert "the rendezvous failed; it recorded no run" in err
+        return
+    (run,) = read_runs([out])
+    got = {r["case_id"].split("/")[-1]: (r["status"], r["reason"]) for r in run.results}
+    if mode == "watchdog":  # its watchdog recorded the hang: nothing more to say
+        assert got == {"T=1,tp=2": ("wrong", "fake"), "T=4,tp=2": ("error", "timed out: fake")}
+        return
+    if mode == "crash":
+        why = "torchrun died (exit code 1) while running this case: CUDA error: an illegal memory access was encountered"
+    else:
+        limit = cb.SETUP_TIMEOUT_S + 3 * cb.CASE_TIMEOUT_S + 2 * cb.TEARDOWN_S + cb.START_S
+        why = (
+            f"timed out: no result within {limit:g} s (--setup-timeout 480 s + 3 cases x --case-timeout 240 s"
+            " + start and teardown); the torchrun and its ranks were killed"
+        )
+    # the case it was on has its error; the one after it has no record, so --resume runs it
+    assert got == {"T=1,tp=2": ("wrong", "fake"), "T=4,tp=2": ("error", why)}
+    lost = run.results[-1]
+    assert lost["index"] == 1 and lost["world"] == 2 and lost["backend"] == {"name": "nccl"}
+    assert f"comm_bench.py: custom_all_reduce/all_reduce/decode/T=4,tp=2 · nccl: error: {why}" in err

@@ -286,3 +286,22 @@ def test_a_build_is_seen_in_the_workers_process_group(tmp_path):
     (proc / "101" / "stat").write_text("101 (nvcc) S 1 7 7 0\n")
     assert not compiling(100, str(proc))  # the worker alone, another group, and a zombie
     assert not compiling(100, str(tmp_path / "no-proc"))
+
+
+def test_a_runs_recorder_writes_through_one_writer_and_drops_reports_after_the_run(tmp_path):
+    """sweep.recording: the sweep's and comm_bench's rank 0's way to a results file."""
+    from dskbench.execution.items import WorkItem
+    from dskbench.execution.sweep import recording
+    from dskbench.shapes import Case
+
+    item = WorkItem(0, "k", "b", Case("k", "op", "decode", {"T": 1}, {"T": 1}).to_json())
+    env = {"run_id": "r1", "created": "now", "device": {"kind": "cpu"}, "versions": {}}
+    seen, out = [], tmp_path / "r.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        with recording(out, env, progress=lambda it, status, f: seen.append(status)) as record:
+            record(item, {**item.identity(), "status": "skipped", "reason": "x"})
+            raise KeyboardInterrupt  # an interrupt: the records so far stay, the file is closed
+    record(item, {**item.identity(), "status": "error", "reason": "a dying worker's late report"})
+    (run,) = read_runs([out])
+    assert run.run_id == "r1" and [r["status"] for r in run.results] == ["skipped"] and seen == ["skipped"]
+    assert record.counts == {"skipped": 1} and run.results[0]["index"] == 0

@@ -1,5 +1,7 @@
 """The execution engine: every path that runs cases (a sweep on one GPU or sharded over several,
-`dskbench warm`, the asv and pytest-benchmark suites through the sweep) runs them here.
+`dskbench warm`, the asv and pytest-benchmark suites through the sweep) runs them here. The collective
+benchmarks (scripts/comm_bench.py, one process per GPU under torchrun) use its gating, hang limits,
+process kills and recorder.
 
     items.py    what runs: WorkItem, SweepOptions, seeds, twins
     gate.py     whether a case can run on this device (the one gating chain)

@@ -279,15 +279,22 @@ def run_one(
     return fields
 
 
-def error_fields(item: WorkItem, e: BaseException) -> dict[str, Any]:
-    """An error record for an exception: its type and message (the CUDA error text itself, not a log
-    tail), marked `poisoned` when the CUDA context cannot be trusted after it."""
+def failure_message(e: BaseException) -> str:
+    """What an exception says about a case: its type and message, the CUDA error text itself (not the
+    advice after it), an out-of-memory marked as such."""
     msg = f"{type(e).__name__}: {e}".strip()
     if "CUDA error" in msg:  # the error's own line; the rest is advice (CUDA_LAUNCH_BLOCKING, docs links)
         msg = msg.splitlines()[0]
     if "OutOfMemory" in type(e).__name__ or "out of memory" in msg.lower():
         msg = "out of memory: " + msg
-    fields: dict[str, Any] = {**item.identity(), "status": "error", "reason": msg[:2000]}
+    return msg[:2000]
+
+
+def error_fields(item: WorkItem, e: BaseException) -> dict[str, Any]:
+    """An error record for an exception (failure_message), marked `poisoned` when the CUDA context
+    cannot be trusted after it."""
+    msg = failure_message(e)
+    fields: dict[str, Any] = {**item.identity(), "status": "error", "reason": msg}
     if is_poisoning(msg):
         fields["poisoned"] = True
     return fields

@@ -9,10 +9,11 @@ from dskbench.backends import Backend, DeviceInfo
 from dskbench.shapes import Case
 
 
-def multi_gpu_reason(needed: int, device: DeviceInfo) -> str | None:
+def multi_gpu_reason(needed: int, device: DeviceInfo, ranks: int = 1) -> str | None:
     """Why a case that needs several GPUs is not run here: too few GPUs, or (enough of them) because
-    one process per GPU is needed, which the sweep's worker is not."""
-    if needed <= 1:
+    one process per GPU is needed, which the sweep's worker is not. `ranks`: the processes that run the
+    case together (scripts/comm_bench.py's process group, one per GPU); as many as it needs run it."""
+    if needed <= 1 or needed == ranks:
         return None
     if needed > device.count:
         return f"needs {needed} GPUs (found {device.count})"
@@ -22,11 +23,12 @@ def multi_gpu_reason(needed: int, device: DeviceInfo) -> str | None:
     )
 
 
-def skip_reason(adapter: Any, backend: Backend, case: Case, device: DeviceInfo) -> str | None:
-    """Why this (adapter, backend, case) is skipped on `device`, or None when it may run."""
+def skip_reason(adapter: Any, backend: Backend, case: Case, device: DeviceInfo, ranks: int = 1) -> str | None:
+    """Why this (adapter, backend, case) is skipped on `device` when `ranks` processes run it (the
+    sweep: one), or None when it may run."""
     return (
         backend.requires.reason_unmet(device)
-        or multi_gpu_reason(adapter.gpus_needed(case), device)
+        or multi_gpu_reason(adapter.gpus_needed(case), device, ranks)
         or adapter.skip_reason(case)
         or (backend.skip(case) if backend.skip else None)
     )

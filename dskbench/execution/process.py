@@ -61,41 +61,55 @@ def last_words(stderr: str) -> str:
     return " | ".join(lines[-3:])[-500:]
 
 
-def death_reason(code: int | None, stderr: str) -> str:
+def death_reason(code: int | None, stderr: str, who: str = "worker process") -> str:
+    """Why `who` ended before the case's result: its exit code or signal, and its last words."""
     how = f"killed by {signal_name(-code)}" if code is not None and code < 0 else f"exit code {code}"
     words = last_words(stderr)
-    return f"worker process died ({how}) while running this case" + (f": {words}" if words else "")
+    return f"{who} died ({how}) while running this case" + (f": {words}" if words else "")
 
 
-def compiling(pgid: int, proc_dir: str = "/proc") -> bool:
-    """Whether the worker's process group holds another process: a compiler (nvcc, ninja, ptxas) that a
-    JIT build started. A hung kernel starts none, so a build is not mistaken for a hang. (Linux: no
-    /proc, no builds seen.)"""
+def _live_processes(proc_dir: str) -> list[tuple[int, list[str]]]:
+    """(pid, the stat fields after the command name: state, ppid, pgrp, ...) of every live process.
+    (Linux: no /proc, none.)"""
     try:
         names = os.listdir(proc_dir)
     except OSError:
-        return False
+        return []
+    out = []
     for name in names:
-        if not name.isdigit() or int(name) == pgid:
+        if not name.isdigit():
             continue
         try:
             with open(f"{proc_dir}/{name}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
+        if len(fields) > 2 and fields[0] not in ("Z", "X"):
+            out.append((int(name), fields))
+    return out
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill the worker and whatever it started (compilers): it leads its own process group."""
+def compiling(pgid: int, proc_dir: str = "/proc") -> bool:
+    """Whether the worker's process group holds another process: a compiler (nvcc, ninja, ptxas) that a
+    JIT build started. A hung kernel starts none, so a build is not mistaken for a hang."""
+    return any(pid != pgid and fields[2] == str(pgid) for pid, fields in _live_processes(proc_dir))
+
+
+def child_pids(pid: int, proc_dir: str = "/proc") -> list[int]:
+    """The live children of `pid`: a launcher's workers that lead process groups of their own (torchrun
+    starts each rank in its own session), which a kill of the launcher's group does not reach."""
+    return sorted(p for p, fields in _live_processes(proc_dir) if fields[1] == str(pid))
+
+
+def kill_group(pid: int) -> None:
+    """Kill the process group `pid` leads (a worker started with start_new_session, and whatever it
+    started: compilers); the process alone if it leads none. Gone already: nothing to do."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         try:
-            proc.kill()
-        except ProcessLookupError:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
 
 
@@ -119,7 +133,7 @@ class WorkerProcess:
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            _kill(self.proc)
+            kill_group(self.proc.pid)
 
     def run(self, start: int) -> int:
         cmd = [sys.executable, "-m", WORKER_MODULE, str(start)]

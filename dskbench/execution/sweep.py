@@ -2,7 +2,9 @@
 run the items through the pool (or in this process for debugging), record each result as it finishes.
 
 The single-GPU sweep (runner.run_sweep), the sharded one (shard.run_sharded), and through them the asv
-and pytest-benchmark suites all end here; `dskbench warm` uses the same pool and worker protocol.
+and pytest-benchmark suites all end here; `dskbench warm` uses the same pool and worker protocol. The
+collective benchmarks (scripts/comm_bench.py: one process per GPU under torchrun, not a pool) record
+through the same `recording`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,8 +57,16 @@ class Recorder:
         self.closed = False  # set once the sweep ends (an interrupted worker may still report)
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """No record after this one: a report still in flight is written whole first, later ones are
+        dropped (a dying worker's, a watchdog's), so the file can be closed under them."""
+        with self._lock:
+            self.closed = True
+
     def skip(self, s: dict[str, Any]) -> None:
         with self._lock:
+            if self.closed:
+                return
             self.writer.write(result_record(self.run_id, "skipped", backend={"name": "-"}, **s))
             self.counts["skipped"] += 1
 
@@ -79,6 +90,26 @@ class Recorder:
                 self.counts[status] += 1
                 if self.progress:
                     self.progress(twin, status, copy)
+
+
+@contextmanager
+def recording(
+    out: Path,
+    environment: dict[str, Any],
+    progress: Any = None,
+    copies: dict[int, list[WorkItem]] | None = None,
+) -> Iterator[Recorder]:
+    """A run's records: open the results file (append-safe), write the run's environment record
+    (`environment` holds its run_id), and give the Recorder every result goes through. On every exit
+    path the Recorder is closed before the file. The sweep (execute) and the collective benchmarks'
+    rank 0 (scripts/comm_bench.py) record through it."""
+    with ResultsWriter(out) as w:
+        w.write(environment_record(**environment))
+        record = Recorder(w, environment["run_id"], progress, copies)
+        try:
+            yield record
+        finally:
+            record.close()
 
 
 def case_limits(opts: SweepOptions, device: DeviceInfo) -> CaseLimits:
@@ -111,21 +142,15 @@ def execute(
     interrupt the records written stay, later reports from dying workers are dropped, and the
     exception goes on to the caller."""
     t0 = time.monotonic()
-    run_id = environment["run_id"]
     n_items = environment.get("settings", {}).get("items", 0)
-    with ResultsWriter(out) as w:
-        w.write(environment_record(**environment))
-        record = Recorder(w, run_id, progress, copies)
-        try:
-            for s in skips:
-                record.skip(s)
-            if in_process is not None:
-                in_process(record)
-            else:
-                pool = Pool(slots, lambda s, it, f: record(it, f, **tag(s)), limits)
-                pool.run()
-        finally:
-            record.closed = True
+    with recording(out, environment, progress, copies) as record:
+        for s in skips:
+            record.skip(s)
+        if in_process is not None:
+            in_process(record)
+        else:
+            pool = Pool(slots, lambda s, it, f: record(it, f, **tag(s)), limits)
+            pool.run()
     return SweepSummary(out, record.counts, time.monotonic() - t0, n_items + len(skips))
 
 
