@@ -119,6 +119,11 @@ def install_command(folder: Path, extra: str) -> list[str]:
     return [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(folder), "-e", target]
 
 
+def run_pip(cmd: list[str]) -> int:
+    """pip, its output on this terminal; its exit code."""
+    return subprocess.run(cmd).returncode
+
+
 # -- build -----------------------------------------------------------------------------------------------
 
 
@@ -163,10 +168,10 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(" ".join(cmd))
         return 0
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(cmd)
-    if done.returncode != 0:
+    rc = run_pip(cmd)
+    if rc != 0:
         print(
-            f"wheelhouse: pip download failed (exit code {done.returncode}): see pip's message above; "
+            f"wheelhouse: pip download failed (exit code {rc}): see pip's message above; "
             f"{folder} is left without its {MANIFEST}, so `install` refuses it",
             file=sys.stderr,
         )
@@ -230,10 +235,10 @@ def cmd_install(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0
-    done = subprocess.run(cmd)
-    if done.returncode != 0:
+    rc = run_pip(cmd)
+    if rc != 0:
         print(
-            f"wheelhouse: pip install failed (exit code {done.returncode}): see pip's message above",
+            f"wheelhouse: pip install failed (exit code {rc}): see pip's message above",
             file=sys.stderr,
         )
         return EXIT_FAIL
