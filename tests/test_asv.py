@@ -222,7 +222,11 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     from asv import util
 
     conf = util.load_json(str(REPO / "asv.conf.json"), js_comments=True)  # the real file parses
+    branch = subprocess.run(
+        ["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     conf.update(
+        branches=[branch] if branch not in ("", "HEAD") else conf["branches"],  # publish walks HEAD's branch
         repo=str(REPO),
         benchmark_dir=str(REPO / "benchmarks"),
         results_dir=str(tmp_path / "results" / "asv"),
