@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -176,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=Path,
         help="with --gpus: cut the shards by each case's time in these earlier results (repeatable)",
+    )
+    run.add_argument(
+        "--no-multicast",
+        action="store_true",
+        help="switch NVLink multicast (NCCL NVLS, symmetric-memory multicast) off in the workers, e.g. on "
+        "GPUs shared with other tenants; recorded in the environment (env DSKBENCH_NO_MULTICAST=1)",
     )
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     run.add_argument(
@@ -474,6 +481,7 @@ def _sweeps(asked: list[str] | None) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from dskbench.environment import NO_MULTICAST_ENV, no_multicast_asked
     from dskbench.runner import SweepOptions, run_sweep
 
     for flag in ("retry_errors", "allow_mixed_settings"):
@@ -517,7 +525,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpus=gpus,
         costs_from=tuple(str(p) for p in args.costs_from or ()),
         case_timeout_s=args.case_timeout,
+        no_multicast=args.no_multicast or no_multicast_asked(),
     )
+    if opts.no_multicast and not opts.isolate:  # --no-isolate: this process is the worker
+        os.environ.update(NO_MULTICAST_ENV)
     for p in opts.costs_from:
         if not Path(p).exists():
             print(f"dskbench: --costs-from {p}: no such file", file=sys.stderr)

@@ -8,6 +8,7 @@ import platform
 import socket
 import subprocess
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from dskbench import __version__, paths
@@ -26,6 +27,44 @@ TRACKED_PACKAGES = (
     "asv_runner",
     "pytest-benchmark",
 )
+
+
+# NVLink multicast (NVLS in NCCL, multicast objects in torch's symmetric memory and NVSHMEM) is on where
+# the host supports it. These variables switch it off, for hosts whose GPUs are shared with other tenants
+# (a multicast object can put a GPU out of service there). NCCL's all-reduce then takes another
+# algorithm, so every run records whether they were set. dskbench sets them only when asked:
+# `dskbench run --no-multicast` (or DSKBENCH_NO_MULTICAST=1), and scripts/comm_bench.py under
+# DSKBENCH_NO_MULTICAST=1.
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+NO_MULTICAST_SWITCH = "DSKBENCH_NO_MULTICAST"
+
+
+def no_multicast_asked(environ: Mapping[str, str] | None = None) -> bool:
+    """DSKBENCH_NO_MULTICAST set to anything but empty or 0."""
+    environ = os.environ if environ is None else environ
+    return environ.get(NO_MULTICAST_SWITCH, "").strip() not in ("", "0")
+
+
+def multicast_env(no_multicast: bool, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of the processes a run starts: `base` (default os.environ), with NVLink multicast
+    switched off if asked, else as it is."""
+    env = dict(os.environ if base is None else base)
+    if no_multicast:
+        env.update(NO_MULTICAST_ENV)
+    return env
+
+
+def multicast_block(no_multicast: bool = False, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """For the environment record: the multicast variables as the run's processes saw them (null: unset,
+    the host's default; `no_multicast`: dskbench sets them in those processes), and whether that
+    switches multicast off (`dskbench run` also records its --no-multicast in `settings`)."""
+    env = multicast_env(no_multicast, environ)
+    seen = {k: env.get(k) for k in NO_MULTICAST_ENV}
+    return {"off": seen == NO_MULTICAST_ENV, "env": seen}
 
 
 def new_run_id() -> str:
@@ -50,9 +89,9 @@ def git_state() -> dict[str, Any]:
     state = {"commit": commit, "dirty": bool(status) if status is not None else None}
     given = os.environ.get("DSKBENCH_GIT_COMMIT")
     if given and given != commit:
-        # A launcher that copied the tree knows its commit better than the copy's git: on the lent GPU
-        # box (2026-11-21) the copy's .git still pointed at the session's first commit, so every
-        # later tree read as that commit, "dirty". Keep what git said, next to it.
+        # A launcher that copied the tree (a job system that ships a snapshot of it) knows its commit
+        # better than the copy's git, whose .git may be stale: every later tree would read as an old
+        # commit, "dirty". Keep what git said, next to it.
         state = {"commit": given, "dirty": None, "source": "DSKBENCH_GIT_COMMIT", "git_said": state}
     return state
 
@@ -95,7 +134,8 @@ def device_block(device: DeviceInfo) -> dict[str, Any]:
     return block
 
 
-def environment(device: DeviceInfo) -> dict[str, Any]:
+def environment(device: DeviceInfo, no_multicast: bool = False) -> dict[str, Any]:
+    """The block of one run; `no_multicast`: dskbench switches NVLink multicast off in its processes."""
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
@@ -103,4 +143,5 @@ def environment(device: DeviceInfo) -> dict[str, Any]:
         "device": device_block(device),
         "versions": versions(),
         "git": git_state(),
+        "multicast": multicast_block(no_multicast),
     }

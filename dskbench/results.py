@@ -262,8 +262,8 @@ def read_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 
 def _without_empty_timing(rec: dict[str, Any]) -> dict[str, Any]:
-    """An `ok` result with no finite median is an error (files from before 2026-11-21 evening could
-    hold such records: the budget ended sampling of a slow kernel before its first sample)."""
+    """An `ok` result with no finite median is an error (files written by early versions could hold such
+    records: the budget ended sampling of a slow kernel before its first sample)."""
     med = (rec.get("timing") or {}).get("median_us")
     if rec["status"] == "ok" and not (isinstance(med, int | float) and math.isfinite(med)):
         return {**rec, "status": "error", "reason": "the measurement produced no timing samples"}

@@ -142,7 +142,7 @@ def run_sweep(
         return run_sharded(items, skips, opts, out, progress)
     import dataclasses
 
-    from dskbench.environment import environment, new_run_id
+    from dskbench.environment import environment, multicast_env, new_run_id
 
     device = DeviceInfo.detect(opts.device)
     run_id = new_run_id()
@@ -154,7 +154,7 @@ def run_sweep(
     limits = case_limits(opts, device)
     env = {
         "run_id": run_id,
-        **environment(device),
+        **environment(device, opts.no_multicast),
         "ceilings": ceilings,
         "settings": {
             **dataclasses.asdict(opts),
@@ -165,6 +165,7 @@ def run_sweep(
         },
         "command": sys.argv,
     }
-    slot = Slot("", worker_plan(opts, run_seed, ceilings), units=[to_run] if to_run else [])
+    workers_env = multicast_env(True) if opts.no_multicast else None  # None: this process's own
+    slot = Slot("", worker_plan(opts, run_seed, ceilings), env=workers_env, units=[to_run] if to_run else [])
     in_process = None if opts.isolate else run_in_process(to_run, device, opts, run_seed, ceilings)
     return execute(out, env, skips, [slot], limits, copies, progress, in_process=in_process)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.backends import DeviceInfo
+from dskbench.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
 from dskbench.execution.cost import (
     UNIT_OVERHEAD_S,
     item_cost,
@@ -47,14 +48,6 @@ from dskbench.execution.cost import (
 from dskbench.execution.pool import Slot
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
 from dskbench.runner import SweepOptions, WorkItem, dedupe_items, measure_settings, sweep_seed, timed_ceilings
-
-# Set in every process a sharded sweep or comm_bench starts: NVLink multicast (NVLS, symmetric-memory
-# multicast) can put GPUs shared with other tenants out of service; nothing here may create it.
-NO_MULTICAST_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
 PROBE_PREFIX = "PROBE "
 PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU
@@ -95,10 +88,12 @@ def visible_gpus(n: int, environ: Mapping[str, str] | None = None) -> list[str]:
     return tokens[:n]
 
 
-def worker_env(token: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment of one GPU's processes: that GPU alone, and no NVLink multicast."""
-    env = dict(os.environ if base is None else base)
-    env.update(NO_MULTICAST_ENV)
+def worker_env(
+    token: str, base: Mapping[str, str] | None = None, no_multicast: bool = False
+) -> dict[str, str]:
+    """Environment of one GPU's processes: that GPU alone; NVLink multicast switched off only if asked
+    (--no-multicast), else as the host has it."""
+    env = multicast_env(no_multicast, base)
     env["CUDA_VISIBLE_DEVICES"] = token
     return env
 
@@ -288,7 +283,7 @@ def run_sharded(
     shards, loads = shard_items(to_run, n, sweep_cost(to_run, opts, gate))
     run_id = new_run_id()
     run_seed = sweep_seed(opts)
-    env = environment(DeviceInfo("cpu"))  # host, versions, git; the parent opens no CUDA context
+    env = environment(DeviceInfo("cpu"), opts.no_multicast)  # the parent opens no CUDA context
     env["device"] = {**probes[0]["device"], "count": n}
     env["gpus"] = [
         {
@@ -317,7 +312,7 @@ def run_sharded(
         Slot(
             f"GPU {g}",
             worker_plan(worker_opts, run_seed, probes[g]["ceilings"]),
-            env=worker_env(tokens[g]),
+            env=worker_env(tokens[g], no_multicast=opts.no_multicast),
             units=[shards[g]] if shards[g] else [],
         )
         for g in range(n)

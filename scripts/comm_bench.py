@@ -1,7 +1,6 @@
 """Communication kernels across the GPUs of one host: one process per GPU, started by torchrun.
 
-    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
-        torchrun --nproc-per-node 4 scripts/comm_bench.py --out results/comm-tp4.jsonl [--quick]
+    torchrun --nproc-per-node 4 scripts/comm_bench.py --out results/comm-tp4.jsonl [--quick]
     python scripts/comm_bench.py --nproc 4 --out results/comm-tp4.jsonl [--quick]   # one torchrun a backend
 
 Kernels: custom_all_reduce (sgl_kernel v1, sglang_jit v2, nccl baseline) and
@@ -46,14 +45,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# Before torch, NCCL or torch's symmetric memory read them, in every rank: no NVLink multicast (it can
-# put shared GPUs out of service). The same values as dskbench.shard.NO_MULTICAST_ENV (a test checks).
+# DSKBENCH_NO_MULTICAST=1: NVLink multicast off in every rank, set before torch, NCCL or torch's symmetric
+# memory read it (for GPUs shared with other tenants); else as the host has it. The same values as
+# dskbench.environment.NO_MULTICAST_ENV (a test checks); the environment record says which.
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-os.environ.update(NO_MULTICAST_ENV)
+if os.environ.get("DSKBENCH_NO_MULTICAST", "").strip() not in ("", "0"):
+    os.environ.update(NO_MULTICAST_ENV)
 # sglang's custom all-reduce set-up runs a P2P test that needs sglang's own world group (not initialised
 # here: it asserts); with this it trusts torch.cuda.can_device_access_peer (dskbench/adapters/comm.py)
 os.environ.setdefault("SGLANG_SKIP_P2P_CHECK", "1")

@@ -2,10 +2,10 @@
 
     python3 scripts/pack_results.py RUN.jsonl results/<box>-<date>/RUN.jsonl.gz
 
-Why: everything under results/ travels to the lent GPU with every device call (64 MiB with the wheel
-bundle), and a full sweep written before samples were rounded at the source (dskbench.measure.stats.
-round_sig) is 22 MB, half of it sample digits past the timer's resolution. Only `timing.samples_us` is
-rounded (the same rule the core now applies when it writes); every other field is kept as measured.
+Why: committed results should stay small enough to clone and read, and a full sweep written before
+samples were rounded at the source (dskbench.measure.stats.round_sig) is 22 MB, half of it sample digits
+past the timer's resolution. Only `timing.samples_us` is rounded (the same rule the core now applies
+when it writes); every other field is kept as measured.
 """
 
 from __future__ import annotations

@@ -222,7 +222,11 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     from asv import util
 
     conf = util.load_json(str(REPO / "asv.conf.json"), js_comments=True)  # the real file parses
+    branch = subprocess.run(
+        ["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     conf.update(
+        branches=[branch] if branch not in ("", "HEAD") else conf["branches"],  # publish walks HEAD's branch
         repo=str(REPO),
         benchmark_dir=str(REPO / "benchmarks"),
         results_dir=str(tmp_path / "results" / "asv"),
@@ -313,20 +317,19 @@ def test_asv_offline_leaves_unknown_resources_and_says_so(tmp_path, capsys):
     assert "(no vendored copy): https://cdn.example/new.js" in capsys.readouterr().err
 
 
-def test_asv_at_two_commits_without_the_history(tmp_path):
-    """scripts/asv_thin_carry.sh + scripts/device_asv_thin.sh, as on the GPU box but on the CPU: two
-    commit objects, a shallow git dir and a patch are enough for asv to record both commits."""
+def test_asv_at_two_commits_from_clones_of_the_checkout(tmp_path):
+    """scripts/evidence/asv_two_commits.sh, as on a GPU box but on the CPU: each commit measured from its
+    own clone (the checkout left as it was), dskbench run over the same cases, the site published."""
     has_parent = subprocess.run(
         ["git", "rev-parse", "--verify", "-q", "HEAD~1"], cwd=REPO, capture_output=True
     )
     if has_parent.returncode != 0:
         pytest.skip("this checkout has no HEAD~1 (a shallow clone of depth 1)")
-    carry, dest = tmp_path / "carry", tmp_path / "out"
-    subprocess.run(
-        ["bash", "scripts/asv_thin_carry.sh", str(carry)], cwd=REPO, check=True, capture_output=True
-    )
-    commits = (carry / "commits").read_text().split()
-    assert len(commits) == 2 and commits[0] in (carry / "git" / "shallow").read_text().split()
+    commits = subprocess.run(
+        ["git", "rev-parse", "HEAD~1", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    dest = tmp_path / "out"
     env = suite.child_env()
     env.update(
         HOME=str(tmp_path),
@@ -336,7 +339,7 @@ def test_asv_at_two_commits_without_the_history(tmp_path):
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
     p = subprocess.run(
-        ["bash", "scripts/device_asv_thin.sh", str(carry), str(dest)],
+        ["bash", "scripts/evidence/asv_two_commits.sh", str(dest)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -349,3 +352,18 @@ def test_asv_at_two_commits_without_the_history(tmp_path):
     recorded = sorted(f.name[:8] for f in machine.glob("*-existing-*.json"))
     assert recorded == sorted(c[:8] for c in commits)
     assert read_runs([dest / "same-as-asv.jsonl"])[0].results  # the same cases through dskbench run
+    assert "asv publish rc=0" in log and (dest / "asv-html" / "index.html").exists()
+    assert "cdn" not in (dest / "asv-html" / "index.html").read_text().lower()  # served from vendor/
+    now = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    assert now == status  # the checkout itself was not touched
+
+
+def test_asv_two_commits_refuses_what_is_not_a_commit(tmp_path):
+    p = subprocess.run(
+        ["bash", "scripts/evidence/asv_two_commits.sh", str(tmp_path / "o"), "no-such-ref", "HEAD"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and "no-such-ref or HEAD is not a commit" in p.stderr
+    assert not (tmp_path / "o").exists()

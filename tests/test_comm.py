@@ -29,6 +29,7 @@ from dskbench.adapters.comm import (
     comm_cases,
 )
 from dskbench.backends import DeviceInfo
+from dskbench.environment import multicast_block
 from dskbench.measure.collective import Agreement, measure_collective
 from dskbench.registry import load_registry
 from dskbench.results import read_runs
@@ -269,9 +270,14 @@ def test_agreement_keeps_two_gloo_ranks_in_step(tmp_path):
 SCRIPT = REPO / "scripts" / "comm_bench.py"
 
 
-def _script(monkeypatch):
-    for k in shard.NO_MULTICAST_ENV:  # importing the script sets them: restore afterwards
+def _script(monkeypatch, no_multicast: str | None = None):
+    """Import comm_bench.py as its ranks do; no_multicast: the DSKBENCH_NO_MULTICAST it sees."""
+    for k in shard.NO_MULTICAST_ENV:  # importing the script may set them: restore afterwards
         monkeypatch.setenv(k, "unset")
+    if no_multicast is None:
+        monkeypatch.delenv("DSKBENCH_NO_MULTICAST", raising=False)
+    else:
+        monkeypatch.setenv("DSKBENCH_NO_MULTICAST", no_multicast)
     monkeypatch.delenv("SGLANG_SKIP_P2P_CHECK", raising=False)
     spec = importlib.util.spec_from_file_location("comm_bench", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
@@ -281,9 +287,11 @@ def _script(monkeypatch):
 
 
 def test_comm_bench_arguments(monkeypatch, capsys):
-    cb = _script(monkeypatch)
+    for switch, off in ((None, False), ("0", False), ("1", True)):  # multicast off only when asked
+        cb = _script(monkeypatch, switch)
+        seen = {k: os.environ[k] for k in shard.NO_MULTICAST_ENV}
+        assert seen == (shard.NO_MULTICAST_ENV if off else dict.fromkeys(shard.NO_MULTICAST_ENV, "unset"))
     assert cb.NO_MULTICAST_ENV == shard.NO_MULTICAST_ENV
-    assert {k: os.environ[k] for k in shard.NO_MULTICAST_ENV} == shard.NO_MULTICAST_ENV  # set on import
     assert os.environ["SGLANG_SKIP_P2P_CHECK"] == "1"  # else sglang's P2P test fails every custom AR set-up
     for k in ("WORLD_SIZE", "RANK"):
         monkeypatch.delenv(k, raising=False)
@@ -311,6 +319,7 @@ def test_comm_bench_two_gloo_ranks_end_to_end(tmp_path):
         assert d.returncode == 0, d.stderr[-3000:]
     (run,) = read_runs([out])  # rank 0 alone wrote: one environment record, one result per case
     assert len(run.environment["gpus"]) == 2 and run.environment["settings"]["world"] == 2
+    assert run.environment["multicast"] == multicast_block()  # the ranks' variables, as this process has them
     recs = {(r["case_id"], r["backend"]["name"]): r for r in run.results}
     assert len(recs) == len(run.results) == 2 * (3 + 2)
     for t in (1, 16):

@@ -1,11 +1,15 @@
 """scripts/run_to_run.py (spread of two sweeps) and scripts/pack_results.py (results packed for
-committing): the figures the issue notes quote come from these, so they are checked on known files."""
+committing): the figures the results READMEs quote come from these, so they are checked on known files.
+And scripts/evidence/: the step runner (limits, logs, resuming) and the plans' commands."""
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
 import json
+import os
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,3 +87,116 @@ def test_pack_rounds_samples_only_and_the_reader_reads_it(tmp_path, capsys):
     (run,) = read_runs([dst])
     assert run.results[0]["case_id"] == "c1"
     assert pack.main([str(src), str(tmp_path / "x.jsonl")]) == 2  # must be written gzipped
+
+
+# -- scripts/evidence: the step runner and the plans ---------------------------------------------------
+
+EVIDENCE = ROOT / "scripts" / "evidence"
+
+
+def _bash(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", script, "plan", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+PLAN = """set -uo pipefail
+source scripts/evidence/steps.sh "$1" || exit $?
+step ok 60 bash -c 'echo made > "$0/made.txt"; echo out' "$out"
+step fails 60 bash -c 'echo no; exit 3'
+step cut 1 sleep 600
+step after 60 true
+"""
+
+
+def _steps(out: Path) -> list[str]:
+    return [" ".join(ln.split()[1:3]) for ln in (out / "steps.log").read_text().splitlines()]
+
+
+def test_steps_limit_log_and_resume(tmp_path):
+    """Each step under its own limit, logs in OUT; a second run skips the steps that finished."""
+    out = tmp_path / "out"
+    p = _bash(PLAN, str(out))
+    assert p.returncode == 0, p.stderr
+    log = (out / "steps.log").read_text()
+    assert "end   ok exit code 0" in log and "end   fails exit code 3" in log
+    assert "end   cut exit code 124" in log  # killed at its 1 s limit (timeout's code), the plan went on
+    assert "end   after exit code 0" in log
+    assert (out / "ok.log").read_text() == "out\n" and (out / "fails.log").read_text() == "no\n"
+    assert (out / "steps.done").read_text().split() == ["ok", "after"]
+    (out / "made.txt").unlink()
+    assert _bash(PLAN, str(out)).returncode == 0  # again into the same OUT: only what did not finish
+    assert not (out / "made.txt").exists()
+    again = _steps(out)[8:]
+    assert again == ["skip ok", "start fails", "end fails", "start cut", "end cut", "skip after"]
+
+
+def test_steps_needs_an_output_folder():
+    p = _bash("source scripts/evidence/steps.sh")
+    assert p.returncode == 2 and "give the output folder" in p.stderr
+
+
+def _plan(name: str, out: Path, **env: str) -> tuple[list[list[str]], list[str]]:
+    """The steps a plan would run (EVIDENCE_DRY_RUN=1): their commands as argument lists, and the lines."""
+    env = {"EVIDENCE_DRY_RUN": "1", **env}
+    os_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    p = subprocess.run(
+        ["bash", str(EVIDENCE / name), str(out)],
+        cwd=ROOT,
+        env={**os_env, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    steps = [ln for ln in p.stdout.splitlines() if ln.startswith("step ")]
+    return [shlex.split(ln.split(": ", 1)[1]) for ln in steps], steps
+
+
+@pytest.mark.parametrize("gpus", ["1", "2", "4"])
+def test_sweep_plan_runs_commands_that_exist(tmp_path, gpus):
+    """Every dskbench command of the plan parses as dskbench's own; every script it names exists."""
+    from dskbench.cli import build_parser
+
+    cmds, lines = _plan("sweep.sh", tmp_path / "o", EVIDENCE_GPUS=gpus)
+    names = [ln.split()[1] for ln in lines]
+    assert {"warm", "asv", "sweep-a", "sweep-b", "fidelity", "insitu", "r2r-sweep"} <= set(names)
+    assert len(names) == len(set(names))  # a step name is its log's and its resume key
+    runs = 0
+    for cmd in cmds:
+        if cmd[:3] == ["python3", "-m", "dskbench"]:
+            build_parser().parse_args(cmd[3:])  # exits 2 on a flag dskbench does not have
+            runs += 1
+        elif cmd[0] in ("python3", "bash") and cmd[1].startswith("scripts/"):
+            assert (ROOT / cmd[1]).exists(), cmd
+    assert runs == 7  # warm, two sweeps, two runs each of the two flush kinds
+    warm = next(ln for ln in lines if ln.startswith("step warm "))
+    asv = next(ln for ln in lines if ln.startswith("step asv "))
+    if gpus == "4":  # warm on three GPUs while asv has the fourth
+        assert "[CUDA_VISIBLE_DEVICES=0,1,2]" in warm and "[CUDA_VISIBLE_DEVICES=3]" in asv
+    if gpus == "1":
+        assert "CUDA_VISIBLE_DEVICES" not in warm + asv
+
+
+def test_plans_use_the_jobs_own_gpus_and_refuse_too_few(tmp_path):
+    cmds, lines = _plan("multi_gpu.sh", tmp_path / "o", CUDA_VISIBLE_DEVICES="3,5")
+    comm = next(c for c in cmds if "scripts/comm_bench.py" in c)
+    assert comm[comm.index("--nproc") + 1] == "2" and comm[-1].endswith("comm-tp2.jsonl")
+    assert all("[CUDA_VISIBLE_DEVICES=3,5]" in ln for ln in lines)  # a scheduler's allocation, kept
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    for plan, n, msg in (("multi_gpu.sh", "1", "needs two or more GPUs"), ("sweep.sh", "0", "no GPU found")):
+        p = subprocess.run(
+            ["bash", str(EVIDENCE / plan), str(tmp_path / "x")],
+            env={**env, "EVIDENCE_GPUS": n},  # said, so nvidia-smi is not asked
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2 and msg in p.stderr
+    p = subprocess.run(["bash", str(EVIDENCE / "sweep.sh")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "usage: bash scripts/evidence/sweep.sh OUT" in p.stderr

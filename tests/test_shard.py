@@ -102,13 +102,17 @@ def test_gpus_requests_and_worker_environment():
     assert shard.visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "4, GPU-ab12,6"}) == ["4", "GPU-ab12"]
     with pytest.raises(shard.ShardError, match="names 1"):
         shard.visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "3"})
-    env = shard.worker_env("5", {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"})
+    host = {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"}
+    env = shard.worker_env("5", host)  # multicast as the host has it (here: NVLS explicitly on)
+    assert env == {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "CUDA_VISIBLE_DEVICES": "5"}
+    env = shard.worker_env("5", host, no_multicast=True)
     assert env["CUDA_VISIBLE_DEVICES"] == "5" and env["PATH"] == "/bin"
     assert {k: env[k] for k in shard.NO_MULTICAST_ENV} == {
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1",
     }
+    assert host == {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"}  # the caller's mapping is left as it was
 
 
 def test_cost_model_skips_cost_nothing():
@@ -170,8 +174,17 @@ def test_sharded_sweep_runs_each_case_once_on_its_gpu(tmp_path, monkeypatch):
     kernels = ["fake_ok", "fake_wrong", "fake_crash", "fake_env"]
     registry = {k: _entry(k) for k in kernels}
     _fake_host(monkeypatch, "5,6,7")
+    for k in shard.NO_MULTICAST_ENV:
+        monkeypatch.delenv(k, raising=False)
     opts = SweepOptions(
-        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=3
+        device="cpu",
+        phases=("decode",),
+        profile="cpu",
+        budget_s=0.02,
+        measure_ceilings=False,
+        seed=1,
+        gpus=3,
+        no_multicast=True,
     )
     items, skips = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
     assert len(items) == 4 * N
@@ -189,13 +202,15 @@ def test_sharded_sweep_runs_each_case_once_on_its_gpu(tmp_path, monkeypatch):
     assert [g["cuda_visible_devices"] for g in env["gpus"]] == ["5", "6", "7"]  # what each probe saw
     assert [g["index"] for g in env["gpus"]] == [0, 1, 2]
     assert sum(env["settings"]["shards"]) == len(items)
+    assert env["settings"]["no_multicast"] is True
+    assert env["multicast"] == {"off": True, "env": shard.NO_MULTICAST_ENV}
     gpu = {k: {r["gpu_index"] for r in recs if r["kernel"] == k} for k in kernels}
     assert all(len(gpu[k]) == 1 for k in kernels)  # a kernel wholly on one GPU
     assert {g for k in kernels for g in gpu[k]} == {0, 1, 2}  # four kernels, three GPUs: all used
     assert [k for k in kernels if k != "fake_crash" and gpu[k] == gpu["fake_crash"]]  # it shared its GPU
     for r in recs:
         k, g = r["kernel"], r["gpu_index"]
-        if k == "fake_env":  # the worker saw its GPU alone, and no multicast
+        if k == "fake_env":  # the worker saw its GPU alone, and no multicast (--no-multicast)
             assert r["status"] == "ok"
             assert r["check"]["detail"] == (
                 f"CUDA_VISIBLE_DEVICES={env['gpus'][g]['cuda_visible_devices']} "
@@ -206,6 +221,57 @@ def test_sharded_sweep_runs_each_case_once_on_its_gpu(tmp_path, monkeypatch):
         else:
             assert r["status"] == {"fake_ok": "ok", "fake_wrong": "wrong"}[k]
     assert summary.counts["ok"] == 2 * N and summary.counts["wrong"] == N and summary.counts["error"] == N
+
+
+@pytest.mark.parametrize("no_multicast", [False, True])
+def test_one_gpu_workers_get_multicast_off_only_when_asked(tmp_path, monkeypatch, no_multicast):
+    """The single-GPU path: the worker's environment, and what the environment record says of it."""
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    for k in shard.NO_MULTICAST_ENV:
+        monkeypatch.delenv(k, raising=False)
+    opts = SweepOptions(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1
+    )
+    opts.no_multicast = no_multicast
+    registry = {"fake_env": _entry("fake_env")}
+    items, skips = plan_sweep(registry, default_shapes(), ["fake_env"], ["fake"], opts)
+    out = tmp_path / "r.jsonl"
+    run_sweep(items[:1], skips, opts, out)
+    (run,) = read_runs([out])
+    (rec,) = run.results
+    seen = (
+        "NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"
+        if no_multicast
+        else ("NCCL_NVLS_ENABLE=None TORCH_SYMM_MEM_DISABLE_MULTICAST=None")
+    )
+    assert rec["status"] == "ok" and rec["check"]["detail"].endswith(seen)
+    assert run.environment["settings"]["no_multicast"] is no_multicast
+    unset = dict.fromkeys(shard.NO_MULTICAST_ENV)
+    assert run.environment["multicast"] == (
+        {"off": True, "env": shard.NO_MULTICAST_ENV} if no_multicast else {"off": False, "env": unset}
+    )
+    assert not any(k in os.environ for k in shard.NO_MULTICAST_ENV)  # the parent's own is untouched
+
+
+def test_cli_no_multicast_flag_and_switch(tmp_path, monkeypatch):
+    """--no-multicast, or DSKBENCH_NO_MULTICAST=1 (not 0, not empty), reaches the sweep's options."""
+    seen: list[bool] = []
+
+    def fake_run_sweep(items, skips, opts, out, progress=None):
+        seen.append(opts.no_multicast)
+        raise KeyboardInterrupt  # stop here: nothing to measure
+
+    monkeypatch.setattr("dskbench.runner.run_sweep", fake_run_sweep)
+    monkeypatch.setattr(
+        cli, "_registry_and_shapes", lambda: ({"fake_ok": _entry("fake_ok")}, default_shapes())
+    )
+    monkeypatch.setattr("dskbench.registry.drift_message", lambda: None)
+    base = ["run", "--device", "cpu", "--kernel", "fake_ok", "--backend", "fake"]
+    for switch, flag, want in (("", False, False), ("0", False, False), ("1", False, True), ("", True, True)):
+        monkeypatch.setenv("DSKBENCH_NO_MULTICAST", switch)
+        out = str(tmp_path / "r.jsonl")  # not written: the sweep stops before it opens the file
+        assert cli.main([*base, "--out", out, *(["--no-multicast"] if flag else [])]) == 130
+        assert seen.pop() is want
 
 
 def test_dry_run_prints_the_cut(monkeypatch, capsys):

@@ -20,9 +20,10 @@ the per-rank setups below (`RANK_SETUPS`), each built the way SGLang 0.5.16 buil
 Size limits are SGLang's: a size its custom all-reduce would hand to NCCL is skipped with that reason,
 and so is a token count above 2048 for the fusion (SGLang fuses only up to FUSE_ALLREDUCE_MAX_BATCH_SIZE
 tokens, with a workspace of 2048 tokens; above that it runs the unfused path).
-Multicast is never used: the FlashInfer workspace is created with backend "trtllm" (never "mnnvl" or
-"auto", whose MNNVL path calls cuMulticastCreate), and every process runs with NCCL_NVLS_ENABLE=0,
-TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 (dskbench.shard.NO_MULTICAST_ENV).
+The FlashInfer workspace is created with backend "trtllm" (not "mnnvl" or "auto", whose MNNVL path
+calls cuMulticastCreate). NVLink multicast in NCCL (NVLS) and torch's symmetric memory is as the host
+has it, or off in every rank under DSKBENCH_NO_MULTICAST=1 (dskbench.environment.NO_MULTICAST_ENV); the
+results' environment record says which.
 
 Traffic counts bus bytes per rank, 2(n-1)/n x payload (nccl-tests' convention), so GB/s is bus
 bandwidth for all five; the fused kernel's local residual/norm bytes (3 x T x H x 2) are not added.
@@ -373,7 +374,7 @@ class FlashInferFusion(RankCollective):
         import flashinfer.comm as comm
 
         self.comm, self.world = comm, ctx.world
-        # flashinfer 0.6.14: a torch symmetric-memory workspace (multicast off by
+        # flashinfer 0.6.14: a torch symmetric-memory workspace (multicast off under
         # TORCH_SYMM_MEM_DISABLE_MULTICAST), rendezvous and barrier on `group`; builds the trtllm_comm JIT
         self.ws = comm.create_allreduce_fusion_workspace(
             backend="trtllm",  # never "mnnvl"/"auto": the MNNVL workspace creates a multicast object

@@ -261,9 +261,9 @@ def _bind_fi_blockscale_sm90(fn: Any, inputs: dict[str, Any], case: Case) -> Cal
     [N/128, K/128]) as sglang's `--fp8-gemm-backend flashinfer_deepgemm` calls it: the kernel quantizes
     the activations itself (1x128 groups), so the reference (dequantized 1x128 FP8 activations) holds.
 
-    Its FP8-input form (input_scale [M, K/128]) is not what sglang runs, and on an H200 (2026-11-21,
-    scripts/probe_fi_blockscale.py) it came out ~20% off the dequantized reference at M >= 4 and
-    unusable at M <= 2, while this BF16-input form was 2.5% off the unquantized product."""
+    Its FP8-input form (input_scale [M, K/128]) is not what sglang runs, and it came out far off the
+    dequantized reference, while this BF16-input form was close to the unquantized product
+    (scripts/probe_fi_blockscale.py; results/h200-2026-11-21/README.md gives the errors)."""
     x, w, sw = inputs["x"], inputs["w"], inputs["w_scale"]
     out = torch.empty(x.shape[0], w.shape[0], dtype=BF16_OUT, device=x.device)
     return lambda: fn(x, w, None, sw, out=out, out_dtype=BF16_OUT)

@@ -105,8 +105,8 @@ def _valid_grouped_choice(choice: torch.Tensor, ids: torch.Tensor, n_group: int,
     """Whether one row's ids are a grouped top-k that fp32 arithmetic may have chosen: the top-k experts
     of some set of topk_group groups that all score (sum of their top-2) within SELECT_RTOL/ATOL of the
     topk_group-th best group. Why: when two groups nearly tie, a kernel's fp32 group sums can rank them
-    the other way round than the float64 reference, and every expert of the swapped group differs (an H200
-    sweep, 2026-11-21: FlashInfer's fused_topk_deepseek, 1-2 rows of 4096-16384)."""
+    the other way round than the float64 reference, and every expert of the swapped group differs (seen
+    with FlashInfer's fused_topk_deepseek on a row or two of the largest batches)."""
     from itertools import combinations
 
     e, k = choice.numel(), ids.numel()

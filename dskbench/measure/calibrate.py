@@ -201,11 +201,11 @@ def with_reference(row: Mapping[str, Any], spans: Sequence[Span]) -> dict[str, A
     return out
 
 
-# Which calibrated gaps are subtracted. Only the cold graph's: on an H200 (2026-11-21, scripts/fidelity.py,
-# results/fidelity-h200-2026-11-21.json) subtracting it brought 10 of 12 cold cases within target (7 raw),
-# while in hot mode back-to-back launches of PDL-enabled kernels overlap in the graph and hide the boundary
-# gap: raw hot was within target for 8 of 12, corrected for 5. Hot (and eager) stay raw, calibrated values
-# are still recorded with the run.
+# Which calibrated gaps are subtracted. Only the cold graph's: against CUPTI (scripts/fidelity.py) the
+# correction brought more cold cases within target, while in hot mode back-to-back launches of PDL-enabled
+# kernels overlap in the graph and hide the boundary gap, and the correction brought fewer
+# (results/h200-2026-11-21/README.md gives the counts). Hot (and eager) stay raw; calibrated values are
+# still recorded with the run.
 APPLIED_GAPS = frozenset({"cold"})
 
 

@@ -18,9 +18,8 @@ from dskbench.measure.calibrate import calibrate_launch_gap, settings_with_gap
 from dskbench.measure.core import measure
 from dskbench.measure.settings import MeasureSettings
 
-# 256 MiB (over 4x the L2 of an H100/H200, so DRAM-bound). On an H200 (2026-11-21) a 1 GiB copy_ gave
-# only 2.76 TB/s while 256 MiB gave 4.2 TB/s (CUPTI 126.8 us, results/h200-2026-11-21/measure-selftest.json),
-# in line with the 4.3 TB/s seen on such machines: the larger copy is not the ceiling.
+# 256 MiB: over 4x the L2 of an H100/H200, so DRAM-bound, and not larger: a 1 GiB copy_ measured well
+# below what 256 MiB did on the same GPU (results/h200-2026-11-21/README.md), so it is not the ceiling.
 COPY_BYTES = 256 * 2**20
 MM_SIZE = 8192
 

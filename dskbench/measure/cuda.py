@@ -46,8 +46,8 @@ from dskbench.measure.settings import Measurement, MeasureSettings
 CALIBRATION_LAUNCHES = 8  # launches in the first (calibration) graph, rounded to the number of sets
 COLD_MIN_LAUNCHES = 16  # cold graphs: at least this many [flush, launch] pairs, to average flush noise
 # ...unless the pairs last this long anyway: a 4 ms attention kernel needs no 16 launches per sample to
-# drown ~1 us of flush jitter (on an H200 sweep, 2026-11-21, 16-launch cold samples of ms-long kernels
-# made 10% of the cases take half the sweep's measuring time).
+# drown ~1 us of flush jitter, and 16-launch cold samples of ms-long kernels made a few cases take much
+# of a sweep's measuring time (results/h200x2-2026-11-21/README.md).
 COLD_MIN_SPAN_US = 2000.0
 MAX_REPLAYS_PER_BATCH = 64
 MAX_EAGER_COLD_BATCH = 32  # launches per eager batch: each is ~4 queue entries (flush, 2 events, kernel)

@@ -21,8 +21,8 @@ class MeasureSettings:
     flush_bytes: int | None = None  # cold-mode flush buffer; None = 2 x the device's L2
     # "write": zero_ the buffer (what Triton's do_bench does); "read": sum it into a scalar. A written
     # flush leaves L2 full of dirty lines whose write-back may land in the timed kernel by varying
-    # amounts; whether "read" is steadier run to run on small cold kernels is still to be measured
-    # (H200, 2026-11-21: run-to-run median |delta| 3.8% with "write").
+    # amounts; a read flush avoids that but costs several times longer per flush, so "write" stays the
+    # default (results/h200x4-2026-11-21/README.md compares the two run to run).
     flush_kind: str = "write"
     max_graph_launches: int = 1000  # cap on launches captured in one graph (capture time, memory)
     batch_target_ms: float = 20.0  # GPU time queued between two host synchronisations
