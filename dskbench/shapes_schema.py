@@ -37,6 +37,7 @@ ROLES = frozenset(
         "bmm",
         "concat_k",
         "concat_q",
+        "fp8_cast",
         "gemm",
         "hadamard",
         "merge_state",

@@ -65,6 +65,7 @@ def test_statuses(entries):
     )
     assert entries["fast_topk_v2"]["status"] == "not-in-model"  # an NSA op no model here runs yet
     assert entries["nsa_triton_kernel"]["status"] == "not-in-model"  # no op, only an NSA section
+    assert entries["fp8_quantize"]["status"] == "benchmark"  # sglang.jit_kernel has it: not absent
     assert entries["cutlass_mla_decode"]["status"] == "benchmark"
     assert entries["int8_scaled_mm"]["status"] == "benchmark"  # q_proj is not run, q_b_proj is
     absent = entries["load_fp8_kv_cache"]
