@@ -23,6 +23,7 @@ import yaml
 from dskbench import paths
 from dskbench.exprs import ExprError, evaluate, names_in, simplify
 from dskbench.shapes import META_KEYS, ModelShapes, ShapeError, canonical_op_name, load_shapes
+from dskbench.shapes_schema import MODELS
 from dskbench.traces import Frame, KernelFacts, Site, TraceDoc, TraceError, Vote, parse_trace
 
 HEADER = (
@@ -355,14 +356,22 @@ class _Entry:
         if ops and not executed:
             reasons = "; ".join(sorted({f"{o['name']}: {o['reason']}" for o in ops}))
             return "not-in-model", f"every op it serves is one DeepSeek-R1 does not run ({reasons})"
+        in_r1 = [o["name"] for o in ops if o["executed"] and _runs_in_r1(o)]
+        if executed and not in_r1:
+            models = sorted({m for o in ops if o["executed"] for m in o["models"]})
+            names = ", ".join(MODELS[m] for m in models)
+            return (
+                "benchmark",
+                f"GPU kernel at {len(executed)} {names} op(s) DeepSeek-R1 does not run: {', '.join(executed)}",
+            )
         chain_secs = [norm_section(s) for _, f in self.group for s in f.chain_sections]
         if not ops and not self.unmatched and chain_secs and all(V32_SECTIONS.search(s) for s in chain_secs):
             return (
                 "not-in-model",
                 f"no op, traced only under DeepSeek-V3.2 sparse attention ({chain_secs[0]!r})",
             )
-        if executed:
-            return "benchmark", f"GPU kernel at {len(executed)} DeepSeek-R1 op(s): {', '.join(executed)}"
+        if in_r1:
+            return "benchmark", f"GPU kernel at {len(in_r1)} DeepSeek-R1 op(s): {', '.join(in_r1)}"
         return "benchmark", "GPU kernel traced with no op the shapes file knows: its adapter picks the ops"
 
     def traces(self) -> list[dict[str, Any]]:
@@ -460,6 +469,11 @@ def _names_model(doc: TraceDoc, shapes: ModelShapes) -> bool:
 # -- op entries ------------------------------------------------------------------------------------
 
 
+def _runs_in_r1(op: dict[str, Any]) -> bool:
+    """An op entry without `models` is one of DeepSeek-R1, the shapes file's model."""
+    return not op.get("models") or "deepseek-r1" in op["models"]
+
+
 def _fold(expr: Any, shapes: ModelShapes) -> Any:
     return simplify(expr, shapes.config)
 
@@ -467,6 +481,8 @@ def _fold(expr: Any, shapes: ModelShapes) -> Any:
 def _op_entry(op: str, trace_names: set[str], shapes: ModelShapes) -> dict[str, Any]:
     spec = shapes.ops[op]
     d: dict[str, Any] = {"name": op, "trace_names": sorted(trace_names), "executed": spec.executed}
+    if spec.models:
+        d["models"] = list(spec.models)
     if not spec.executed:
         d["reason"] = spec.reason
         return d
@@ -782,6 +798,7 @@ OP_KEYS = (
     "name",
     "trace_names",
     "executed",
+    "models",
     "reason",
     "phases",
     "layers",
@@ -886,6 +903,10 @@ def _load_entry(p: Path, files: dict[str, Path]) -> dict[str, Any]:
                 isinstance(op["executed"], bool),
                 "true or false",
             )
+        if "models" in op_fields:
+            models = op["models"]
+            ok = isinstance(models, list) and all(m in MODELS for m in models)
+            _expect(p, op_fields["models"][0], "models", models, ok, f"a list of {', '.join(MODELS)}")
     return raw
 
 

@@ -39,6 +39,7 @@ class OpSpec:
     executed: bool = True
     reason: str | None = None
     layers: str | None = None  # "dense" (layers 0..2), "moe" (3..60) or None (every layer)
+    models: tuple[str, ...] = ()  # the models that run the op; () = DeepSeek-R1, the file's model
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,7 @@ def _op_spec(name: str, spec: dict[str, Any]) -> OpSpec:
         executed=bool(spec.get("executed", True)),
         reason=spec.get("reason"),
         layers=spec.get("layers"),
+        models=tuple(spec.get("models") or ()),
     )
 
 

@@ -37,7 +37,9 @@ ROLES = frozenset(
         "bmm",
         "concat_k",
         "concat_q",
+        "fp8_cast",
         "gemm",
+        "hadamard",
         "merge_state",
         "mha_prefill",
         "mla_decode",
@@ -67,6 +69,9 @@ REQUIRED_SYMBOLS = (
     "max_position",
     "rms_norm_eps",
 )
+# Models an op's `models` list may name -> how messages write them. An op without `models` is one
+# DeepSeek-R1 (the shapes file's model) runs; `models: [deepseek-v3.2]` marks an op only DeepSeek-V3.2 has.
+MODELS = {"deepseek-r1": "DeepSeek-R1", "deepseek-v3.2": "DeepSeek-V3.2"}
 # Groups that resolve the labels trace documents use instead of op names (ModelShapes.resolve_group).
 OP_GROUPS = ("linear", "input_quantization")
 
@@ -181,6 +186,7 @@ class Op(_Strict):
     executed: bool = True
     reason: str | None = None
     layers: Literal["dense", "moe"] | None = None
+    models: Names = []
 
 
 class ShapesFile(_Strict):
@@ -324,6 +330,8 @@ def check_references(data: Mapping[str, Any]) -> None:
         for phase, mapping in (op.get("vars") or {}).items():
             _known((*here, "vars", phase), phase, [*families, *PHASES], "phase")
             _sweep_vars((*here, "vars", phase), mapping, sweeps)
+        for i, model in enumerate(op.get("models") or ()):
+            _known((*here, "models", i), model, MODELS, "model")
         _known_keys((*here, "roles"), op.get("roles") or {}, ROLES, "role")
         for role, variants in (op.get("roles") or {}).items():
             _variants((*here, "roles", role), variants)

@@ -198,3 +198,85 @@ def test_backends_are_well_formed(kernel):
     labelled = [b for b in a.backends if b.label == SGLANG_SM90]
     assert [b.name for b in labelled] == ["sgl_kernel.wrapper"]
     assert labelled[0].dispatches_to.startswith("flashinfer.norm.")
+
+
+# -- layernorm (DeepSeek-V3.2 indexer k_norm) ---------------------------------------------------------
+
+
+def _ln_case(t: int = 16, phase: str = "decode") -> Case:
+    a = get_adapter("layernorm")
+    cases = SHAPES.cases("layernorm", list(a.ops), "norm", phase, profile="cpu")
+    return next(c for c in cases if c.point["T"] == t)
+
+
+def test_layernorm_runs_at_the_v32_indexer_key():
+    a = get_adapter("layernorm")
+    case = _ln_case()
+    assert case.op == "nsa_indexer.forward" and case.dims == {"T": 16, "D": 128}
+    assert SHAPES.ops["nsa_indexer.forward"].models == ("deepseek-v3.2",)
+    inp = a.make_inputs(case, "cpu", 0)
+    x, g, b = inp["x"], inp["gamma"], inp["beta"]
+    assert x.shape == (16, 128) and x.dtype == torch.bfloat16 and x.is_contiguous()
+    assert g.shape == b.shape == (128,) and g.dtype == b.dtype == torch.float32  # SGLang's fp32 params
+    assert bool((g != 0).all()) and bool((b != 0).any())
+    # rows carry an offset (a mean for LayerNorm to remove), unlike the RMSNorm inputs
+    assert float(x.float().mean(-1).abs().max()) > 0.5
+
+
+def test_layernorm_reference_matches_the_formula():
+    a = get_adapter("layernorm")
+    x = torch.tensor([[1.0, 2.0, 3.0, 6.0]], dtype=torch.bfloat16)
+    g = torch.tensor([1.0, 2.0, 1.0, 0.5])
+    b = torch.tensor([0.0, 0.5, -1.0, 0.0])
+    ref = a.reference(
+        {"x": x, "gamma": g, "beta": b}, Case("layernorm", "op", "decode", {"T": 1}, {"T": 1, "D": 4})
+    )
+    mean, var = 3.0, (4 + 1 + 0 + 9) / 4  # biased variance, as LayerNorm uses
+    xhat = [(v - mean) / math.sqrt(var + N.LAYERNORM_EPS) for v in (1.0, 2.0, 3.0, 6.0)]
+    expected = torch.tensor([[xhat[0], 2 * xhat[1] + 0.5, xhat[2] - 1.0, 0.5 * xhat[3]]], dtype=torch.float64)
+    assert ref.dtype == torch.float32 and torch.allclose(ref.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_layernorm_check_accepts_bf16_output_and_rejects_errors():
+    a = get_adapter("layernorm")
+    case = _ln_case(16)
+    inp = a.make_inputs(case, "cpu", 1)
+    ref = a.reference(inp, case)
+    assert a.check(ref.to(torch.bfloat16), ref, case).ok  # one bf16 rounding: within 1.6e-2
+    no_beta = a.reference({**inp, "beta": torch.zeros(128)}, case)
+    assert not a.check(no_beta.to(torch.bfloat16), ref, case).ok  # the bias left out
+    rms = N._rms_ref(inp["x"], inp["gamma"], N.LAYERNORM_EPS) + inp["beta"]
+    assert not a.check(rms.to(torch.bfloat16), ref, case).ok  # RMSNorm instead: the mean not removed
+
+
+def test_layernorm_traffic():
+    t = 16
+    tr = get_adapter("layernorm").traffic(_ln_case(t))
+    assert (tr.bytes, tr.flops) == (2 * t * 128 * 2 + 2 * 128 * 4, 7 * t * 128)
+
+
+def test_layernorm_binder_follows_flashinfer_signature():
+    calls = []
+
+    def fi_layernorm(input, gemma, beta, eps=1e-6):  # flashinfer.norm.layernorm, 0.6.14
+        calls.append((input, gemma, beta, eps))
+        assert input.dtype == torch.bfloat16 and gemma.dtype == beta.dtype == torch.float32
+        return torch.nn.functional.layer_norm(input.float(), input.shape[-1:], gemma, beta, eps).to(
+            input.dtype
+        )
+
+    a = get_adapter("layernorm")
+    (b,) = a.backends
+    assert (b.name, b.target, b.kind, b.label) == (
+        "flashinfer",
+        "flashinfer.norm:layernorm",
+        "cutedsl",
+        SGLANG_SM90,
+    )
+    assert b.requires.sm is None and b.requires.min_sm is None  # CuTe-DSL LayerNorm runs on sm90
+    case = _ln_case(64, "prefill")
+    inp = a.make_inputs(case, "cpu", 2)
+    out = b.bind(fi_layernorm, inp, case)()
+    ((x, g, beta, eps),) = calls
+    assert x is inp["x"] and g is inp["gamma"] and beta is inp["beta"] and eps == 1e-6
+    assert a.check(out, a.reference(inp, case), case).ok

@@ -230,3 +230,82 @@ def test_backends_are_well_formed(kernel):
     labelled = [b.name for b in a.backends if b.label == SGLANG_SM90]
     expected = {"sgl_per_token_quant_fp8": "sgl_kernel", "sgl_per_token_group_quant_int8": "sglang_triton"}
     assert labelled == [expected.get(kernel, "sglang_jit")]
+
+
+# -- fp8_quantize (static BF16 -> FP8 cast) -------------------------------------------------------------
+
+
+def _cast_case(variant: str, t: int = 64) -> Case:
+    a = get_adapter("fp8_quantize")
+    cases = SHAPES.cases("fp8_quantize", list(a.ops), a.role, "prefill", profile="cpu")
+    return next(c for c in cases if c.point["T"] == t and c.variant == variant)
+
+
+def test_fp8_quantize_inputs_are_the_mla_prefill_tensors():
+    a = get_adapter("fp8_quantize")
+    kv_a = a.make_inputs(_cast_case("kv_a"), "cpu", 0)["x"]
+    assert kv_a.shape == (64, 512) and kv_a.dtype == torch.bfloat16 and kv_a.is_contiguous()
+    v = a.make_inputs(_cast_case("v"), "cpu", 0)["x"]
+    # v = kv[..., Dn:] of the kv_b_proj output [T, Nh, Dn + Dv]: a strided view, read in place
+    assert v.shape == (64, 128, 128) and v.stride() == (128 * 256, 256, 1) and v.storage_offset() == 128
+
+
+def test_fp8_quantize_reference_saturates_and_rounds_to_nearest_even():
+    x = torch.tensor([[1.0, -3.3, 500.0, -1000.0, 0.0, 1e-4, 3.375, 3.625]], dtype=torch.bfloat16)
+    q = Q.cast_fp8_ref(x)
+    assert q.dtype == FP8
+    # bf16(3.3) = 3.296875 -> 3.25; 500 and -1000 saturate to +-448 (never NaN);
+    # 3.375 and 3.625 are ties between 3.25/3.5 and 3.5/3.75: both go to the even code, 3.5
+    assert q.float().tolist() == [[1.0, -3.25, 448.0, -448.0, 0.0, 0.0, 3.5, 3.5]]
+    assert Q.cast_fp8_ref(x, 0.5).float()[0, :2].tolist() == [0.5, -1.625]
+
+
+def test_fp8_quantize_check_is_exact():
+    a = get_adapter("fp8_quantize")
+    case = _cast_case("v")
+    inp = a.make_inputs(case, "cpu", 1)
+    ref = a.reference(inp, case)
+    assert ref.shape == (64, 128, 128) and ref.dtype == FP8
+    assert a.check(ref.clone(), ref, case).ok
+    one_code = ref.clone()
+    one_code.view(torch.uint8)[3, 5, 7] ^= 1  # one mantissa bit of one element
+    c = a.check(one_code, ref, case)
+    assert not c.ok and "1 of" in c.detail
+    assert not a.check(ref.float(), ref, case).ok  # not FP8 at all
+    assert not a.check(ref[:, :64], ref, case).ok
+    nan = ref.clone()
+    nan.view(torch.uint8)[0, 0, 0] = 0x7F  # e4m3fn NaN: what a cast without saturation writes
+    assert not a.check(nan, ref, case).ok
+
+
+def test_fp8_quantize_traffic():
+    a = get_adapter("fp8_quantize")
+    for variant, n in (("kv_a", 64 * 512), ("v", 64 * 128 * 128)):
+        t = a.traffic(_cast_case(variant))
+        assert (t.bytes, t.flops) == (3 * n, n)
+
+
+def test_fp8_quantize_binder_follows_the_sglang_signature():
+    calls = []
+
+    def fp8_quantize(x, scale_inv=1.0, out=None, fp8_dtype=torch.float8_e4m3fn, enable_pdl=False):
+        calls.append((x, scale_inv, out, fp8_dtype, enable_pdl))
+        assert x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1
+        return (x.float() * scale_inv).clamp(-448, 448).to(fp8_dtype)
+
+    a = get_adapter("fp8_quantize")
+    (b,) = a.backends
+    assert (b.name, b.kind, b.target) == (
+        "sglang_triton",
+        "triton",
+        "sglang.jit_kernel.fp8_quantize:fp8_quantize",
+    )
+    assert b.requires.min_sm == 89 and b.requires.sm is None  # runs on Hopper, not only where SGLang calls it
+    for variant in ("kv_a", "v"):
+        case = _cast_case(variant)
+        inp = a.make_inputs(case, "cpu", 2)
+        out = b.bind(fp8_quantize, inp, case)()
+        x, scale_inv, out_arg, dtype, pdl = calls[-1]
+        assert x is inp["x"]  # the strided view itself, no copy
+        assert (scale_inv, out_arg, dtype, pdl) == (1.0, None, FP8, False)  # SGLang's call; no PDL on a CPU
+        assert a.check(out, a.reference(inp, case), case).ok

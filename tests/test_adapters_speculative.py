@@ -337,3 +337,4 @@ def test_backends_are_well_formed(kernel):
     if kernel == "fast_topk":
         sgl = a.backends[0]
         assert sgl.kind == "torch" and "torch.max" in sgl.dispatches_to
+        assert sgl.label.startswith("plain PyTorch") and "torch.topk" in sgl.label  # shown with results

@@ -58,9 +58,14 @@ def test_statuses(entries):
     assert entries["weak_ref_tensor"]["status"] == "utility"
     assert entries["custom_all_reduce"]["status"] == "needs-multi-gpu"
     assert entries["flashinfer_communication_fusion"]["status"] == "needs-multi-gpu"
-    had = entries["hadamard_transform"]
-    assert had["status"] == "not-in-model" and "V3.2" in had["status_reason"]
+    had = entries["hadamard_transform"]  # at an op only DeepSeek-V3.2 runs (models: [deepseek-v3.2])
+    assert had["status"] == "benchmark"
+    assert had["status_reason"] == (
+        "GPU kernel at 1 DeepSeek-V3.2 op(s) DeepSeek-R1 does not run: nsa_indexer.forward"
+    )
+    assert entries["fast_topk_v2"]["status"] == "not-in-model"  # an NSA op no model here runs yet
     assert entries["nsa_triton_kernel"]["status"] == "not-in-model"  # no op, only an NSA section
+    assert entries["fp8_quantize"]["status"] == "benchmark"  # sglang.jit_kernel has it: not absent
     assert entries["cutlass_mla_decode"]["status"] == "benchmark"
     assert entries["int8_scaled_mm"]["status"] == "benchmark"  # q_proj is not run, q_b_proj is
     absent = entries["load_fp8_kv_cache"]
@@ -138,6 +143,16 @@ def test_not_executed_ops_listed_with_reason(entries):
     q_proj = _op(entries["int8_scaled_mm"], "q_proj")
     assert q_proj["executed"] is False and "q_lora_rank" in q_proj["reason"]
     assert "shapes" not in q_proj
+
+
+def test_ops_of_another_model_say_which(entries):
+    indexer = _op(entries["hadamard_transform"], "nsa_indexer.forward")
+    assert indexer["executed"] is True and indexer["models"] == ["deepseek-v3.2"]
+    assert indexer["shapes"]["hadamard"] == [
+        {"variant": "q", "T": "T", "heads": 64, "D": 128},
+        {"variant": "k", "T": "T", "heads": 1, "D": 128},
+    ]
+    assert "models" not in _op(entries["rmsnorm"], "input_layernorm")  # DeepSeek-R1's, as every op unmarked
 
 
 def test_gate_up_disagreement_recorded(entries):
@@ -230,7 +245,8 @@ def test_load_registry_entries():
     assert "input_layernorm" in e.op_names and "q_a_layernorm" in e.op_names
     assert reg["concat_mla_k"].aliases == ("concat_mla_mha_k",)
     assert reg["int8_scaled_mm"].op_names.count("q_proj") == 0  # executed ops only
-    assert reg["hadamard_transform"].op_names == ()
+    assert reg["hadamard_transform"].op_names == ("nsa_indexer.forward",)  # run, though not by R1
+    assert reg["fast_topk_v2"].op_names == ()
 
 
 # -- the partial evaluator (dskbench.exprs.simplify) -------------------------------------------------
@@ -418,6 +434,11 @@ def test_yaml_syntax_error_names_file_and_line(reg_copy, monkeypatch, capsys):
         ("status: benchmark", "status: benchmrk", ":7: status: expected one of benchmark, host-only"),
         ("  executed: true", "  executed: 'no'", ":41: executed: expected true or false, got 'no'"),
         ("aliases: []", "aliases: rmsnorm2", ":4: aliases: expected a list of kernel names"),
+        (
+            "  executed: true",
+            "  executed: true\n  models: [deepseek-v4]",
+            ":42: models: expected a list of deepseek-r1, deepseek-v3.2, got ['deepseek-v4']",
+        ),
         ("aliases: []", "aliases: []\nname: rmsnorm", ":5: key 'name' given twice (first at line 3)"),
     ],
 )

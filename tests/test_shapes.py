@@ -261,6 +261,16 @@ BAD_EDITS = [
         "ops.q_proj.executed: expected true or false, got 'nope'",
     ),
     (
+        "    models: [deepseek-v3.2]",
+        "    models: [deepseek-v32]",
+        "ops.\"nsa_indexer.forward\".models[0]: unknown model 'deepseek-v32'; did you mean 'deepseek-v3.2'?",
+    ),
+    (
+        "    models: [deepseek-v3.2]",
+        "    models: deepseek-v3.2",
+        "ops.\"nsa_indexer.forward\".models: expected a list, got 'deepseek-v3.2'",
+    ),
+    (
         "  weak_ref_tensors:\n    phases: [decode]\n    roles: {}",
         "  weak_ref_tensors:",
         "ops.weak_ref_tensors: expected a mapping, got nothing",

@@ -20,6 +20,7 @@ MODULES = (
     "dskbench.adapters.attention",
     "dskbench.adapters.sampling",
     "dskbench.adapters.speculative",
+    "dskbench.adapters.nsa",
     "dskbench.adapters.nvfp4",
     "dskbench.adapters.misc",
     "dskbench.adapters.comm",

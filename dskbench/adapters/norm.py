@@ -11,6 +11,11 @@ The sgl-kernel AOT kernels are reached only through `torch.ops.sgl_kernel.{rmsno
 (backend "sgl_kernel"). `sglang.kernels.ops.layernorm.rmsnorm` dispatches to the same wrapper, so it is
 not a separate backend.
 
+`layernorm` (flashinfer.norm.layernorm) is DeepSeek-V3.2's: the NSA indexer's `k_norm` is
+LayerNorm(128) with fp32 gamma/beta over the bf16 key [T, 128]; SGLang's `LayerNorm.forward_cuda` calls
+flashinfer for bf16 input with fp32 parameters (`flashinfer.norm.layernorm(input, gemma, beta, eps)`,
+a CuTe-DSL kernel unless FLASHINFER_USE_CUDA_NORM=1). DeepSeek-R1 has no LayerNorm.
+
 q_a_layernorm / kv_a_layernorm read column slices of the fused_qkv_a output (row stride 2112): the
 inputs are built that way and passed strided to every kernel that takes a row stride (all but the
 Triton kernel, which assumes packed rows and gets a contiguous copy made in bind).
@@ -232,4 +237,60 @@ class FusedAddRMSNormAdapter(Adapter):
         t, d = int(case.dims["T"]), int(case.dims["D"])
         return Traffic(
             bytes=nbytes(4 * t * d + d, DTYPE), flops=5 * t * d, note="read x, r; write x, r; read w"
+        )
+
+
+# -- layernorm (DeepSeek-V3.2 indexer k_norm) --------------------------------------------------------
+
+LAYERNORM_EPS = 1e-6  # sglang.srt.layers.layernorm.LayerNorm's default, which the indexer keeps
+
+
+def _bind_layernorm(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    # flashinfer.norm.layernorm(input bf16, gemma fp32, beta fp32, eps) -> new bf16 output
+    x, g, b = inputs["x"], inputs["gamma"], inputs["beta"]
+    return lambda: fn(x, g, b, LAYERNORM_EPS)
+
+
+@register
+class LayerNormAdapter(Adapter):
+    kernel = "layernorm"
+    role = "norm"
+    ops = ("nsa_indexer.forward",)
+    description = "LayerNorm of DeepSeek-V3.2's indexer key [T, 128] (bf16 in/out, fp32 gamma and beta)"
+    backends = [
+        Backend(
+            "flashinfer",
+            "flashinfer.norm:layernorm",
+            None,
+            "cutedsl",
+            _bind_layernorm,
+            label=SGLANG_SM90,
+            note="DeepSeek-V3.2 only: the NSA indexer's k_norm (LayerNorm.forward_cuda)",
+        ),
+    ]
+
+    def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
+        t, d = int(case.dims["T"]), int(case.dims["D"])
+        gen = generator(seed)
+        # A projected key has a per-row offset LayerNorm removes: a mean error shows in the check.
+        x = randn((t, d), gen, device, torch.float32) + randn((t, 1), gen, device, torch.float32, 2.0)
+        return {
+            "x": x.to(DTYPE),
+            "gamma": (1.0 + 0.2 * torch.randn(d, generator=gen)).to(device),
+            "beta": (0.1 * torch.randn(d, generator=gen)).to(device),
+        }
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
+        # LayerNorm.forward_native: fp32 F.layer_norm with the fp32 parameters
+        x = inputs["x"].float()
+        return torch.nn.functional.layer_norm(
+            x, (x.shape[-1],), inputs["gamma"].float(), inputs["beta"].float(), LAYERNORM_EPS
+        )
+
+    def traffic(self, case: Case) -> Traffic:
+        t, d = int(case.dims["T"]), int(case.dims["D"])
+        return Traffic(
+            bytes=nbytes(2 * t * d, DTYPE) + nbytes(2 * d, torch.float32),
+            flops=7 * t * d,
+            note="read x, write y (bf16); read fp32 gamma, beta. FLOPs nominal: mean, variance, affine",
         )

@@ -632,6 +632,7 @@ class FastTopkAdapter(Adapter):
             "torch",
             _bind_fast_topk,
             dispatches_to="torch.max (topk == 1) / torch.topk",
+            label="plain PyTorch (torch.max / torch.topk): sgl-kernel has no custom kernel for it",
             note="pure PyTorch in sgl-kernel: no custom kernel",
         ),
         Backend(
