@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fault injection on a GPU: faulty backends (tests/gpu_faults.py) beside rmsnorm's real ones, through
 # `dskbench run` and `dskbench warm`. Usage: bash scripts/evidence/fault_injection.sh OUT_DIR [CASE_TIMEOUT_S]
+# FAULT_GPUS=N shards the run and the warm-up over N GPUs (the --gpus path); FAULT_RUN_ARGS adds flags.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: fault_injection.sh OUT_DIR [CASE_TIMEOUT_S]}
@@ -11,11 +12,14 @@ backends=(--backend sgl_kernel --backend flashinfer --backend sglang_jit --backe
           --backend fault_oob --backend fault_spin --backend fault_alloc --backend fault_die)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$out/gpu.csv" 2>&1
 start=$(date +%s)
-python3 -m dskbench run --kernel rmsnorm "${backends[@]}" --quick --sweep decode --seed 1 \
-    --case-timeout "$limit" --out "$out/fault-run.jsonl" 2> "$out/fault-run.log"
+gpus=()
+[ -n "${FAULT_GPUS:-}" ] && gpus=(--gpus "$FAULT_GPUS")
+# shellcheck disable=SC2086
+python3 -m dskbench run --kernel rmsnorm "${backends[@]}" --quick --sweep decode --seed 1 "${gpus[@]}" \
+    ${FAULT_RUN_ARGS:-} --case-timeout "$limit" --out "$out/fault-run.jsonl" 2> "$out/fault-run.log"
 echo "run exit code $? in $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
 start=$(date +%s)
-python3 -m dskbench warm --kernel rmsnorm "${backends[@]}" --sweep decode --jobs 4 \
+python3 -m dskbench warm --kernel rmsnorm "${backends[@]}" --sweep decode --jobs 4 "${gpus[@]}" \
     --case-timeout "$limit" --out "$out/fault-warm.json" > "$out/fault-warm.txt" 2> "$out/fault-warm.log"
 echo "warm exit code $? in $(( $(date +%s) - start )) s" | tee -a "$out/summary.txt"
 python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
@@ -24,7 +28,10 @@ from collections import Counter
 from dskbench.results import read_runs
 out = sys.argv[1]
 (run,) = read_runs([f"{out}/fault-run.jsonl"])
-print("run:", run.environment["settings"]["case_timeout"], "|", run.environment["device"]["name"])
+env = run.environment
+print("run:", env["settings"]["case_timeout"], "|", env["device"]["name"], "x", env["device"].get("count"))
+if env.get("gpus"):
+    print("  records per GPU:", dict(Counter(r.get("gpu_index") for r in run.results)))
 counts = Counter((r["backend"]["name"], r["status"]) for r in run.results)
 for (b, s), n in sorted(counts.items()):
     print(f"  {b:22} {s:8} {n}")
