@@ -305,3 +305,16 @@ def test_a_runs_recorder_writes_through_one_writer_and_drops_reports_after_the_r
     (run,) = read_runs([out])
     assert run.run_id == "r1" and [r["status"] for r in run.results] == ["skipped"] and seen == ["skipped"]
     assert record.counts == {"skipped": 1} and run.results[0]["index"] == 0
+
+
+def test_a_build_in_any_workers_group_excuses_them_all(tmp_path):
+    """A worker waiting on another's JIT build lock runs no compiler itself: a build in any of the
+    run's worker groups counts."""
+    from dskbench.execution.process import compiling
+
+    proc = tmp_path / "proc"
+    for pid, pgrp in ((100, 100), (200, 200), (201, 200)):  # worker 100 waits; worker 200 runs nvcc (201)
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (x) S 1 {pgrp} {pgrp} 0\n")
+    assert not compiling(100, str(proc))
+    assert compiling({100, 200}, str(proc))

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dskbench.execution.items import WorkItem
@@ -89,10 +89,24 @@ def _live_processes(proc_dir: str) -> list[tuple[int, list[str]]]:
     return out
 
 
-def compiling(pgid: int, proc_dir: str = "/proc") -> bool:
-    """Whether the worker's process group holds another process: a compiler (nvcc, ninja, ptxas) that a
-    JIT build started. A hung kernel starts none, so a build is not mistaken for a hang."""
-    return any(pid != pgid and fields[2] == str(pgid) for pid, fields in _live_processes(proc_dir))
+def compiling(pgids: int | Iterable[int], proc_dir: str = "/proc") -> bool:
+    """Whether any of these workers' process groups holds another process: a compiler (nvcc, ninja,
+    ptxas) that a JIT build started. A hung kernel starts none, so a build is not mistaken for a hang."""
+    groups = {pgids} if isinstance(pgids, int) else set(pgids)
+    names = {str(g) for g in groups}
+    return any(pid not in groups and fields[2] in names for pid, fields in _live_processes(proc_dir))
+
+
+_running: set[int] = set()  # process groups of this process's live workers (every slot of a run)
+_running_lock = threading.Lock()
+
+
+def running_groups() -> set[int]:
+    """The process groups of every worker this process runs now. A worker that waits for another's JIT
+    build (a build lock: FlashInfer, Triton and tvm-ffi caches are shared) starts no compiler itself,
+    so a build anywhere among them excuses them all."""
+    with _running_lock:
+        return set(_running)
 
 
 def child_pids(pid: int, proc_dir: str = "/proc") -> list[int]:
@@ -149,6 +163,8 @@ class WorkerProcess:
                 env=None if self.env is None else dict(self.env),
                 start_new_session=True,  # its own process group: a kill reaches its compilers too
             )
+            with _running_lock:
+                _running.add(proc.pid)
             assert proc.stdin is not None and proc.stdout is not None
             try:
                 proc.stdin.write(json.dumps(self.plan, default=str) + "\n")
@@ -162,6 +178,8 @@ class WorkerProcess:
             finally:
                 self.kill()
                 code = proc.wait()
+                with _running_lock:
+                    _running.discard(proc.pid)
                 reader.join(5)
                 try:
                     proc.stdin.close()
@@ -198,7 +216,7 @@ class WorkerProcess:
                     self.kill()
                 elif deadline is not None and timed_out is None and self.clock() > deadline:
                     over = self.clock() - deadline
-                    if over < BUILD_GRACE_S and compiling(proc.pid):
+                    if over < BUILD_GRACE_S and compiling(running_groups() | {proc.pid}):
                         continue  # a JIT build: its time is not the kernel's
                     timed_out = self._timed_out(current, limit)
                     print(f"dskbench: {self.label}{timed_out}", file=sys.stderr, flush=True)
