@@ -164,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--case-timeout",
         type=_case_timeout,
         metavar="S",
-        help="kill a case's worker after S seconds without its result (0 = never; default: scaled from "
-        "the case's expected time, with room for a first-use JIT build; env DSKBENCH_CASE_TIMEOUT_S)",
+        help="kill a case's worker after S seconds without its result, plus 120 s on a kernel's first use "
+        "(0 = never; default: scaled from the case's expected time; env DSKBENCH_CASE_TIMEOUT_S)",
     )
     run.add_argument(
         "--gpus",

@@ -117,7 +117,8 @@ def test_limits_scale_with_the_expected_time_and_leave_room_for_a_first_build():
     assert limits.for_item(0.1, first_use=True) == FLOOR_S + FIRST_USE_S
     assert CaseLimits(expected_s=lambda it: 1 / 0).for_item(1, False) == FLOOR_S  # a broken estimate
     flat = CaseLimits(expected_s=lambda it: 1e6, flat_s=30.0)
-    assert flat.for_item(0, True) == 30.0 and not flat.off
+    assert flat.for_item(0, False) == 30.0 and not flat.off
+    assert flat.for_item(0, True) == 30.0 + FIRST_USE_S  # in-process JIT (CuTe DSL, Triton) on a first use
     assert CaseLimits(flat_s=0.0).off
     assert timeout_from_env({"DSKBENCH_CASE_TIMEOUT_S": "45"}) == 45.0
     assert timeout_from_env({}) is None

@@ -6,7 +6,8 @@ FLOOR_S. The first item of a (kernel, backend, variant) in a worker process gets
 ninja: child processes of the worker) does not count against any limit, up to
 process.BUILD_GRACE_S: a hung kernel starts no compiler. Starting a worker (imports, CUDA context)
 has its own limit. `--case-timeout S` (or DSKBENCH_CASE_TIMEOUT_S) replaces the scaled limit by a
-flat one, first uses included; 0 turns the watch off.
+flat one; a first use keeps its FIRST_USE_S (in-process JIT compilers such as CuTe DSL's start no
+child process to be seen); 0 turns the watch off.
 """
 
 from __future__ import annotations
@@ -60,17 +61,18 @@ class CaseLimits:
 
     def for_item(self, item: WorkItem, first_use: bool) -> float:
         """Seconds `item` may take from its start to its result."""
+        first = FIRST_USE_S if first_use else 0.0
         if self.flat_s is not None:
-            return self.flat_s
+            return self.flat_s + first
         try:
             expected = max(0.0, float(self.expected_s(item)))
         except Exception:  # noqa: BLE001 - an estimate: a broken one must not stop the sweep
             expected = 0.0
-        return max(FLOOR_S, FACTOR * expected) + (FIRST_USE_S if first_use else 0.0)
+        return max(FLOOR_S, FACTOR * expected) + first
 
     def describe(self) -> str:
         if self.off:
             return "off"
         if self.flat_s is not None:
-            return f"{self.flat_s:g} s per case"
+            return f"{self.flat_s:g} s per case, +{FIRST_USE_S:g} s for a first use"
         return f"max({FLOOR_S:g} s, {FACTOR:g} x expected) per case, +{FIRST_USE_S:g} s for a first use"
