@@ -3,6 +3,7 @@ otherwise (a log file or CI keeps every case once, with no bar redrawn into it).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +18,13 @@ def case_line(item: Any, status: str, fields: dict[str, Any]) -> str:
     lat = f"{t['median_us']:10.2f} us" if isinstance(t.get("median_us"), int | float) else " " * 13
     why = "" if status == "ok" else f"  ({str(fields.get('reason', ''))[:80]})"
     return f"{status:7} {lat}  {item.case_id} · {item.backend}{why}"
+
+
+def _columns(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 class Progress:
@@ -36,7 +44,8 @@ class Progress:
     ):
         self.stream = stream or sys.stderr
         self.total, self.done, self.clock = total, 0, clock
-        self.tty = self.stream.isatty() if tty is None else tty
+        # a terminal reporting no size (a bare pseudo-terminal) cannot show a bar: plain lines there
+        self.tty = (self.stream.isatty() and _columns(self.stream) > 0) if tty is None else tty
         self.start = clock()
         self.quiet = False
         self.bar = (
