@@ -16,6 +16,7 @@ from typing import Any
 from dskbench import paths
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_PIPE = 141  # stdout's reader went away (`dskbench list | head`): what a shell reports for SIGPIPE
 SWEEPS = ("decode", "prefill", "decode_graph")
 
 
@@ -98,8 +99,47 @@ def _gpus(s: str) -> str:
     return s
 
 
+def _point(s: str) -> dict[str, int]:
+    from dskbench.selection import parse_point
+
+    try:
+        return parse_point(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    """--op and --point: the filters a record's repro command selects its one case with."""
+    p.add_argument(
+        "--op",
+        action="append",
+        metavar="OP[:VARIANT]",
+        help="only cases of this op (a variant after ':', as in case ids; repeatable)",
+    )
+    p.add_argument(
+        "--point",
+        action="append",
+        type=_point,
+        metavar="K=V[,K=V]",
+        help="only cases at this sweep point, e.g. B=64 or B=1,kv_len=1024,tp=1 (repeatable)",
+    )
+
+
+def version() -> str:
+    """The installed package's version; the source tree's when dskbench runs uninstalled."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("dskbench")
+    except metadata.PackageNotFoundError:
+        from dskbench import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dskbench", description=__doc__)
+    p.add_argument("--version", action="version", version=f"dskbench {version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     reg = sub.add_parser("registry", help="the kernel registry generated from the trace documents")
@@ -184,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="switch NVLink multicast (NCCL NVLS, symmetric-memory multicast) off in the workers, e.g. on "
         "GPUs shared with other tenants; recorded in the environment (env DSKBENCH_NO_MULTICAST=1)",
     )
+    _add_selection(run)
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     run.add_argument(
         "--allow-drift",
@@ -217,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     wm.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
     wm.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
     wm.add_argument("--tp", type=_positive_ints, default=(1,), help="tensor-parallel degrees (default 1)")
+    _add_selection(wm)
     wm.add_argument(
         "--case-timeout",
         type=_case_timeout,
@@ -280,6 +322,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code. A reader that closes stdout early (`dskbench list | head -3`)
+    ends the command quietly with EXIT_PIPE, as a shell reports for a tool stopped by SIGPIPE."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could only print a warning
+        return code
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null: what its buffer still holds goes nowhere at exit, without an error."""
+    import os
+
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):  # stdout is not a file (captured): nothing will flush to the pipe
+        pass
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(_compare_sides(sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as e:  # --help, or a usage error already printed: its exit code
@@ -382,7 +448,20 @@ def _plan(
         raise UsageError(str(e)) from None
     replan = functools.partial(plan_sweep, registry, shapes, kernels, args.backend)
     _check_plan(items, skips, opts, replan, shapes.values("tp", opts.profile))
-    return items, skips
+    return _select(args, opts, registry, shapes, items, skips)
+
+
+def _select(
+    args: argparse.Namespace, opts: Any, registry: dict[str, Any], shapes: Any, items: list, skips: list
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The planned cases --op and --point select."""
+    from dskbench.selection import Selection, SelectionError, filter_plan
+
+    try:
+        sel = Selection.from_args(args.op, args.point, shapes)
+        return filter_plan(items, skips, sel, opts.tp, lambda k: getattr(registry.get(k), "op_names", ()))
+    except SelectionError as e:
+        raise UsageError(str(e)) from None
 
 
 def _check_tp(tp: tuple[int, ...], shapes: Any, profile: str) -> None:
@@ -561,15 +640,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     where = f"{gpus} GPUs" if gpus > 1 else device
     print(f"{len(items)} cases on {where} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
+    from dskbench.progress import Progress
+
+    progress = Progress(len(items))
     try:
-        summary = run_sweep(items, skips, opts, out, progress=Progress(len(items)))
+        summary = run_sweep(items, skips, opts, out, progress=progress)
     except KeyboardInterrupt as e:
         from dskbench.execution.sweep import interrupted_message
 
+        progress.close()
         print(interrupted_message(out, "SIGTERM" if isinstance(e, Terminated) else "SIGINT"), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
+    finally:
+        progress.close()
+    _print_table(out)
     print(summary.line())
-    return EXIT_OK
+    return EXIT_FAIL if summary.counts["wrong"] or summary.counts["error"] else EXIT_OK
+
+
+def _print_table(out: Path) -> None:
+    """The end-of-run table of this run (the file's last) on stdout."""
+    from dskbench.results import ResultsError, read_runs
+    from dskbench.run_table import run_table
+
+    try:
+        runs = read_runs([out])
+    except ResultsError as e:
+        print(f"dskbench: no end-of-run table: {e}", file=sys.stderr)
+        return
+    if runs and (table := run_table(runs[-1].results)):
+        print(table)
 
 
 def _open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips: list) -> tuple[list, list]:
@@ -659,31 +759,9 @@ def _stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-class Progress:
-    """A progress bar on a terminal, one line per case otherwise (logs stay readable)."""
-
-    def __init__(self, total: int):
-        self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
-
-    def __call__(self, item: Any, status: str, fields: dict[str, Any]) -> None:
-        self.done += 1
-        t = fields.get("timing") or {}
-        lat = f"{t['median_us']:10.2f} us" if "median_us" in t else " " * 13
-        why = "" if status == "ok" else f"  ({str(fields.get('reason', ''))[:80]})"
-        width = 24
-        filled = int(width * self.done / max(self.total, 1))
-        bar = "#" * filled + "-" * (width - filled)
-        line = f"[{bar}] {self.done}/{self.total} {status:7} {lat}  {item.case_id} · {item.backend}{why}"
-        if self.tty:
-            end = "\n" if status != "ok" or self.done == self.total else ""
-            sys.stderr.write("\r\x1b[2K" + line + end)
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from dskbench.report import write_report
+    from dskbench.report.csv_out import write_csv
     from dskbench.results import ResultsError, read_runs
 
     try:
@@ -692,6 +770,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"dskbench: {e}", file=sys.stderr)
         return EXIT_USAGE
     written = write_report(runs, args.out)
+    written.append(write_csv(runs, args.out / "results.csv"))
     for p in written:
         print(p)
     return EXIT_OK

@@ -8,6 +8,9 @@ source scripts/setup.sh
 python -m dskbench registry generate --check
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="results/run-$stamp.jsonl"
-python -m dskbench run --quick --out "$out" "$@"
+status=0
+python -m dskbench run --quick --out "$out" "$@" || status=$?
+[ "$status" -le 1 ] || exit "$status"  # 1 = a case wrong or in error: its results still make a report
 python -m dskbench report "$out" --out "out/report-$stamp"
 echo "report: out/report-$stamp/index.html"
+exit "$status"

@@ -129,12 +129,12 @@ def test_resume_skips_finished_cases_and_retries_errors_when_told(tmp_path, regi
     monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (registry, default_shapes()))
     out = tmp_path / "r.jsonl"
     args = ["run", "--device", "cpu", "--kernel", "fake_ok", "--kernel", "fake_raise", "--backend", "fake"]
-    assert cli.main([*args, "--out", str(out), "--budget", "0.02"]) == 0
+    assert cli.main([*args, "--out", str(out), "--budget", "0.02"]) == cli.EXIT_FAIL  # fake_raise: errors
     first = read_runs([out])
     assert len(first) == 1 and len(first[0].results) == 2 * N_ALL
     assert cli.main([*args, "--out", str(out), "--budget", "0.02", "--resume"]) == 0
     assert read_runs([out])[1].results == []  # every case has a record; errors stand
-    assert cli.main([*args, "--out", str(out), "--budget", "0.02", "--resume", "--retry-errors"]) == 0
+    assert cli.main([*args, "--out", str(out), "--budget", "0.02", "--resume", "--retry-errors"]) == 1
     runs = read_runs([out])
     assert len(runs) == 3
     # fake_ok's cases were done; fake_raise's errors are retried

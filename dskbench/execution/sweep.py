@@ -26,6 +26,7 @@ from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.limits import CaseLimits, timeout_from_env
 from dskbench.execution.pool import Pool, Slot
 from dskbench.results import ResultsWriter, environment_record, result_record
+from dskbench.selection import repro_command
 
 
 @dataclass
@@ -50,9 +51,11 @@ class Recorder:
         run_id: str,
         progress: Any = None,
         copies: dict[int, list[WorkItem]] | None = None,
+        settings: dict[str, Any] | None = None,
     ):
         self.writer, self.run_id, self.progress = writer, run_id, progress
         self.copies = copies or {}  # item index -> items whose records copy its result (dedupe_items)
+        self.settings = settings  # the run's settings: each record's repro command (dskbench.selection)
         self.counts: Counter = Counter()
         self.closed = False  # set once the sweep ends (an interrupted worker may still report)
         self._lock = threading.Lock()
@@ -67,7 +70,8 @@ class Recorder:
         with self._lock:
             if self.closed:
                 return
-            self.writer.write(result_record(self.run_id, "skipped", backend={"name": "-"}, **s))
+            s = {"backend": {"name": "-"}, **s}
+            self.writer.write(result_record(self.run_id, "skipped", **self._repro(s), **s))
             self.counts["skipped"] += 1
 
     def __call__(self, item: WorkItem, fields: dict[str, Any], **extra: Any) -> None:
@@ -78,6 +82,7 @@ class Recorder:
             if self.closed:
                 return
             fields.setdefault("finished", round(time.time(), 3))  # unix seconds: sweep rate, wall per GPU
+            fields.update(self._repro(item.identity()))
             self.writer.write(result_record(self.run_id, status, index=item.index, **fields))
             self.counts[status] += 1
             if self.progress:
@@ -85,11 +90,15 @@ class Recorder:
             for twin in self.copies.get(item.index, ()):
                 ident = twin.identity()
                 same = {k: ident[k] for k in ("case_id", "op", "variant", "phase", "point", "dims")}
-                copy = {**fields, **same, "shared_with": item.case_id}
+                copy = {**fields, **same, **self._repro(ident), "shared_with": item.case_id}
                 self.writer.write(result_record(self.run_id, status, index=twin.index, **copy))
                 self.counts[status] += 1
                 if self.progress:
                     self.progress(twin, status, copy)
+
+    def _repro(self, identity: dict[str, Any]) -> dict[str, Any]:
+        cmd = repro_command(identity, self.settings)
+        return {"repro": cmd} if cmd else {}
 
 
 @contextmanager
@@ -98,14 +107,18 @@ def recording(
     environment: dict[str, Any],
     progress: Any = None,
     copies: dict[int, list[WorkItem]] | None = None,
+    repro: bool = False,
 ) -> Iterator[Recorder]:
     """A run's records: open the results file (append-safe), write the run's environment record
     (`environment` holds its run_id), and give the Recorder every result goes through. On every exit
     path the Recorder is closed before the file. The sweep (execute) and the collective benchmarks'
-    rank 0 (scripts/comm_bench.py) record through it."""
+    rank 0 (scripts/comm_bench.py) record through it. With `repro` (a `dskbench run` sweep) each record
+    gets the command line that selects its case again, from the run's settings."""
     with ResultsWriter(out) as w:
         w.write(environment_record(**environment))
-        record = Recorder(w, environment["run_id"], progress, copies)
+        record = Recorder(
+            w, environment["run_id"], progress, copies, environment["settings"] if repro else None
+        )
         try:
             yield record
         finally:
@@ -143,7 +156,7 @@ def execute(
     exception goes on to the caller."""
     t0 = time.monotonic()
     n_items = environment.get("settings", {}).get("items", 0)
-    with recording(out, environment, progress, copies) as record:
+    with recording(out, environment, progress, copies, repro=True) as record:
         for s in skips:
             record.skip(s)
         if in_process is not None:
