@@ -375,6 +375,11 @@ class Total:
     us: float = 0.0
     missing: list[str] = field(default_factory=list)
 
+    @property
+    def complete(self) -> bool:
+        """False when some row had no measurement: `us` is then a lower bound, never the total."""
+        return not self.missing
+
     def add(self, us: float, weight: float = 1.0) -> None:
         self.us += us * weight
 
@@ -546,6 +551,27 @@ def load_runs(paths: Sequence[str | Path], device: str | None = None) -> tuple[l
     return runs, devices[0]
 
 
+def measured_tps(runs: Iterable[Run], phases: Sequence[str] = PHASES) -> set[int]:
+    """The tp degrees of the tp-dependent records (a point with a `tp` value) of the given phases."""
+    out: set[int] = set()
+    for run in runs:
+        for rec in run.results:
+            point = rec.get("point") or {}
+            if "tp" in point and _family(str(rec.get("phase") or "")) in phases:
+                out.add(int(point["tp"]))
+    return out
+
+
+def check_tp(runs: Sequence[Run], tp: int, phases: Sequence[str] = PHASES) -> None:
+    """Refuse a tp the results never measured: every tp-dependent row would read "no measurement"."""
+    held = measured_tps(runs, phases)
+    if held and tp not in held:
+        raise PickError(
+            f"--tp {tp}: no measurement at tp {tp} in the results (they hold tp "
+            f"{', '.join(map(str, sorted(held)))}); measure it with `dskbench run --tp {tp}`"
+        )
+
+
 def pick(
     runs: Sequence[Run],
     device: str,
@@ -592,6 +618,7 @@ def cli_pick(
         return 2
     try:
         runs, dev = load_runs(paths, device)
+        check_tp(runs, tp, [phase] if phase else PHASES)
         result = pick(
             runs,
             dev,

@@ -115,7 +115,7 @@ def scenario() -> list[dict]:
                 reason="relative error 0.3 > tolerance 0.02",
             ),
             rec("normx", "input_layernorm", "x", b, 1.0),
-            rec("actk", "act_fn", "a1", b, 3.0),
+            rec("actk", "act_fn", "a1", b, 3.0, tp=1),
             rec("gatek", "topk", "g", b, 1.0),
             rec("moek", "experts", "m1", b, 10.0),
             rec("moek", "experts", "m2", b, 12.0),
@@ -324,6 +324,23 @@ def test_cli_pick_writes_files_and_rejects_bad_input(tmp_path, capsys):
     assert cli_pick([two], None, None, 1, None) == 2
     assert "several devices" in capsys.readouterr().err
     assert load_runs([two], device="NVIDIA B200")[1] == "NVIDIA B200"
+
+
+def test_cli_pick_refuses_a_tp_the_results_do_not_hold(tmp_path, capsys):
+    from tests.fake_results import write_runs
+
+    f = write_runs([run_of(scenario())], tmp_path / "r.jsonl")
+    assert cli_pick([f], "decode", [1], 4, None) == 2
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    err = cap.err.strip().splitlines()
+    assert err == ["dskbench pick: --tp 4: no measurement at tp 4 in the results (they hold tp 1, 8); "
+                   "measure it with `dskbench run --tp 4`"]  # fmt: skip
+    assert cli_pick([f], "decode", [1], 8, None) == 0  # tp 8 is held (act_fn)
+    only_tp_free = write_runs(
+        [run_of([rec("normk", "input_layernorm", "b_ok", 1, 2.0)])], tmp_path / "n.jsonl"
+    )
+    assert cli_pick([only_tp_free], "decode", [1], 8, None) == 0  # nothing depends on tp: no refusal
 
 
 def test_latest_run_wins_for_the_same_case():
