@@ -55,9 +55,15 @@ def cell_text(c: Cell) -> str:
     return s
 
 
-def _total(t: Total) -> str:
-    s = f"{us(t.us)}" if t.us else "–"
-    return s + (f" (lacks {len(t.missing)})" if t.missing else "")
+def total_text(t: Total, names: int = 3) -> str:
+    """A sum, or, when rows lack a measurement, the partial sum marked incomplete with what it lacks
+    (the first `names` of them; the step table's note lists them all)."""
+    if t.complete:
+        return us(t.us)
+    n = len(t.missing)
+    shown = ", ".join(t.missing[:names]) + (", …" if n > names else "")
+    what = f"incomplete: lacks {n} op{'s' if n != 1 else ''}: {shown}"
+    return f"≥ {us(t.us)} ({what})" if t.us else f"– ({what})"
 
 
 def tables(pp: PhasePick, layer_counts: dict[str, int]) -> list[tuple[str, list[str], list[list[str]], str]]:
@@ -90,23 +96,24 @@ def tables(pp: PhasePick, layer_counts: dict[str, int]) -> list[tuple[str, list[
     ests = pp.estimates
     kv = ests[0].kv_len if ests else None
     est_rows = [
-        [f"dense layer (×{n_dense})"] + [_total(e.dense_layer) for e in ests],
-        [f"MoE layer (×{n_moe})"] + [_total(e.moe_layer) for e in ests],
+        [f"dense layer (×{n_dense})"] + [total_text(e.dense_layer) for e in ests],
+        [f"MoE layer (×{n_moe})"] + [total_text(e.moe_layer) for e in ests],
     ]
     if any(e.per_step.us or e.per_step.missing for e in ests):
-        est_rows.append(["once per step"] + [_total(e.per_step) for e in ests])
+        est_rows.append(["once per step"] + [total_text(e.per_step) for e in ests])
     est_rows.append(
         [f"**step** ({n_dense} dense + {n_moe} MoE layers + per step)"]
-        + [f"**{_total(e.step)}**" for e in ests]
+        + [f"**{total_text(e.step)}**" for e in ests]
     )
     if any(e.spec_step is not None for e in ests):
         est_rows.append(
             ["step with NextN speculative decoding"]
-            + [_total(e.spec_step) if e.spec_step else "–" for e in ests]
+            + [total_text(e.spec_step) if e.spec_step else "–" for e in ests]
         )
     lacking = _lacking(ests, pp.phase)
     note = f"µs; attention read at kv_len={kv}. " + (
-        "Sums of the winners above; an op without a measurement adds nothing and is counted as lacking. "
+        "Sums of the winners above. A sum that lacks an op's measurement is a lower bound, marked "
+        "≥ … (incomplete: lacks …), never a total. "
     )
     if ests and ests[0].spec_note:
         note += "Speculative: " + ests[0].spec_note + ". "
@@ -120,8 +127,18 @@ def tables(pp: PhasePick, layer_counts: dict[str, int]) -> list[tuple[str, list[
             x = e.contributions.get(rp.row.name)
             cells.append(f"{us(x)} ({x / e.step.us:.1%})" if x is not None and e.step.us else "–")
         share_rows.append([rp.row.name] + cells)
+    share_note = (
+        "Where the step is incomplete, the shares are of its measured rows only."
+        if any(not e.step.complete for e in ests)
+        else ""
+    )
     out.append(
-        ("Where the step goes (µs per step, share of the measured step)", ["op"] + cols, share_rows, "")
+        (
+            "Where the step goes (µs per step, share of the measured step)",
+            ["op"] + cols,
+            share_rows,
+            share_note,
+        )
     )
     flag_rows = []
     flags = sorted({f.flag for b in pp.batches for f in pp.flags.get(b, [])})
@@ -267,7 +284,9 @@ def _h(s: str) -> str:
 
 def _html_cell(s: str) -> str:
     cls = (
-        ' class="tie"'
+        ' class="incomplete"'
+        if "(incomplete: " in s
+        else ' class="tie"'
         if s.endswith(" tie")
         else ' class="none"'
         if s.startswith(("✗", "no measurement", "not run"))
@@ -320,7 +339,7 @@ main{max-width:1500px;margin:0 auto;padding:14px 24px 40px}
 table{border-collapse:collapse;font-size:12.5px;margin:4px 0 8px;background:#fff}
 th{background:#f1f3f6;text-align:left;font-weight:600;padding:4px 8px;border-bottom:1px solid #d9dde3;white-space:nowrap}
 td{padding:3px 8px;border-bottom:1px solid #eef0f3;white-space:nowrap}
-td.tie{background:#fff7e6}td.none{color:#6b7280}
+td.tie{background:#fff7e6}td.incomplete{background:#fdecec;color:#7f1d1d}td.none{color:#6b7280}
 code{font:12px ui-monospace,Menlo,monospace;background:#eef0f3;padding:1px 4px;border-radius:3px}
 .note{color:#4b5563;font-size:12.5px;max-width:1100px}
 li{font-size:12.5px}
@@ -380,7 +399,7 @@ def _cell_json(c: Cell) -> dict[str, Any]:
 
 
 def _total_json(t: Total | None) -> dict[str, Any] | None:
-    return None if t is None else {"us": t.us, "missing": list(t.missing)}
+    return None if t is None else {"us": t.us, "complete": t.complete, "missing": list(t.missing)}
 
 
 def _row_json(rp: RowPick) -> dict[str, Any]:

@@ -9,9 +9,10 @@ import re
 import pytest
 
 from dskbench import paths
-from dskbench.pick import Picker, ResultIndex, cli_pick, combine, load_runs, pick
+from dskbench.compare import format_number
+from dskbench.pick import Picker, ResultIndex, Total, cli_pick, combine, load_runs, pick
 from dskbench.pick_data import DeploymentError, load_deployment
-from dskbench.pick_render import render_html, render_json, render_markdown
+from dskbench.pick_render import render_html, render_json, render_markdown, total_text
 from dskbench.results import Run, environment_record, result_record
 from dskbench.shapes import default_shapes
 from dskbench.verdict import Stat, judge, mann_whitney_p
@@ -294,7 +295,11 @@ def test_markdown_html_json(dep):
     assert "| q_b_proj | no measurement | no measurement |" in md
     assert "b_fast: wrong at every point — normk/b_fast: relative error 0.3" in md
     assert "ghost: no measurement at every point" in md
-    assert "**step** (3 dense + 58 MoE layers + per step)" in md and "(lacks 1)" in md
+    step = next(line for line in md.splitlines() if line.startswith("| **step** (3 dense + 58 MoE layers"))
+    total = 3 * 15 + 58 * 23 + 5  # the measured rows only: q_b_proj lacks a measurement
+    assert f"**≥ {format_number(total)} (incomplete: lacks 1 op: q_b_proj)**" in step
+    assert not re.search(r"\| \*\*[\d,.]+\*\* ", step)  # no bare number as the step's total
+    assert '<td class="incomplete">' in render_html(p)
     html = render_html(p)
     assert html.count("<table>") == md.count("### ") - 1 and "**" not in html  # all but the details list
     d = json.loads(json.dumps(render_json(p)))
@@ -307,6 +312,31 @@ def test_markdown_html_json(dep):
     norm = next(r for r in d["phases"]["decode"]["rows"] if r["row"] == "input_layernorm")["picks"]["1"]
     assert norm["tie"] is True and norm["runner_up"]["backend"] == "b_tie"
     assert d["phases"]["decode"]["estimate"]["1"]["step"]["missing"] == ["q_b_proj"]
+    assert d["phases"]["decode"]["estimate"]["1"]["step"]["complete"] is False
+
+
+def test_total_text_marks_a_partial_sum_and_names_what_it_lacks():
+    assert total_text(Total(1234.5)) == format_number(1234.5)
+    one = total_text(Total(8667.0, ["q_b_proj"]))
+    assert one == f"≥ {format_number(8667.0)} (incomplete: lacks 1 op: q_b_proj)"
+    many = total_text(Total(10.0, ["a", "b", "c", "d", "e"]))
+    assert many == f"≥ {format_number(10.0)} (incomplete: lacks 5 ops: a, b, c, …)"
+    assert total_text(Total(0.0, ["a"])) == "– (incomplete: lacks 1 op: a)"
+    assert Total(1.0).complete and not Total(1.0, ["a"]).complete
+
+
+def test_complete_step_is_a_bare_total(tmp_path):
+    """With every row measured (q_b_proj added) the step is a plain number, with no mark."""
+    recs = scenario() + [rec("qk", "q_b_proj", "cublas", 1, 7.0)]
+    f = tmp_path / "deployment.yaml"
+    f.write_text(DEPLOYMENT.replace("{op: q_b_proj, kernels: []}", "{op: q_b_proj, kernels: [qk]}"))
+    d2 = load_deployment(default_shapes(), f)
+    p = pick([run_of(recs)], "NVIDIA H200", phases=["decode"], batches=[1], dep=d2)
+    e = p.phases[0].estimates[0]
+    assert e.step.complete and e.step.us == pytest.approx(3 * 22 + 58 * 30 + 5)
+    md = render_markdown(p)
+    step = next(line for line in md.splitlines() if line.startswith("| **step**"))
+    assert step.endswith(f"| **{format_number(e.step.us)}** |") and "incomplete" not in step
 
 
 def test_cli_pick_writes_files_and_rejects_bad_input(tmp_path, capsys):
