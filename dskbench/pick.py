@@ -13,6 +13,7 @@ mix (dense and MoE layers, plus the NextN layer with speculative decoding), list
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -528,6 +529,57 @@ class PhasePick:
 
 
 @dataclass
+class Launch:
+    """One SGLang launch command: the deployment's command, `--tp N`, and one value per server flag."""
+
+    argv: list[str]
+    varies: list[str] = field(default_factory=list)  # flags whose choice differs across batches/phases
+    unset: list[str] = field(default_factory=list)  # flags with no value measured for every row they set
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+
+def _var(phase: str) -> str:
+    return "B" if phase == "decode" else "T"
+
+
+def launch_command(phases: Sequence[PhasePick], tp: int, prefix: Sequence[str]) -> Launch:
+    """One value per flag from the per-batch flag choices. A flag takes its value from the first phase
+    (decode before prefill: decode is the steady state of serving) that chose one, and there the value
+    chosen at the most batch points (a tie: the one chosen at the largest batch). Flags whose choice
+    differs are listed, so the reader can pick again with `--batch` at their own load."""
+    seen: dict[str, list[tuple[str, int, str | None]]] = defaultdict(list)
+    for pp in phases:
+        for b in pp.batches:
+            for fc in pp.flags.get(b, []):
+                seen[fc.flag].append((pp.phase, b, fc.value))
+    argv = [*prefix, "--tp", str(tp)]
+    launch = Launch(argv)
+    for flag in sorted(seen):
+        chosen = [(ph, b, v) for ph, b, v in seen[flag] if v is not None]
+        if not chosen:
+            launch.unset.append(flag)
+            continue
+        phase = chosen[0][0]
+        votes: dict[str, tuple[int, int]] = {}
+        for ph, b, v in chosen:
+            if ph == phase:
+                n, top = votes.get(v, (0, 0))  # type: ignore[arg-type]
+                votes[v] = (n + 1, max(top, b))  # type: ignore[index]
+        value = max(votes, key=lambda v: votes[v])
+        argv += [flag, value]
+        if len({v for _, _, v in chosen}) > 1:
+            by: dict[tuple[str, str], list[int]] = defaultdict(list)
+            for ph, b, v in chosen:
+                by[(ph, v)].append(b)  # type: ignore[index]
+            where = "; ".join(f"{ph} {_var(ph)}={','.join(map(str, bs))}: {v}" for (ph, v), bs in by.items())
+            launch.varies.append(f"{flag} {value} ({where})")
+    return launch
+
+
+@dataclass
 class Pick:
     device: str
     tp: int
@@ -536,6 +588,7 @@ class Pick:
     runs: list[str]
     phases: list[PhasePick]
     threshold: float = 0.0
+    launch: Launch | None = None
 
 
 def load_runs(paths: Sequence[str | Path], device: str | None = None) -> tuple[list[Run], str]:
@@ -595,7 +648,8 @@ def pick(
         ests = [estimate(picker, b, kv) for b in bs]
         flags = {b: flag_choices(picker, b, kv) for b in bs}
         out.append(PhasePick(phase, bs, rows, ests, flags, picker.unassigned(), picker))
-    return Pick(device, tp, kv, list(inputs), [r.run_id for r in runs], out, threshold)
+    launch = launch_command(out, tp, dep.launch)
+    return Pick(device, tp, kv, list(inputs), [r.run_id for r in runs], out, threshold, launch)
 
 
 def cli_pick(
@@ -607,11 +661,12 @@ def cli_pick(
     kv_len: int | None = None,
     device: str | None = None,
 ) -> int:
-    """Print the pick as Markdown; write pick.md, pick.html and pick.json into `out` when given.
+    """Print the pick as Markdown; or, with `out`, write pick.md, pick.html and pick.json there and print
+    a short summary (the launch command, the step estimate per batch, the files).
 
     0 on success, 2 on bad input (unreadable results, several devices, a bad deployment file).
     """
-    from dskbench.pick_render import render_html, render_json, render_markdown
+    from dskbench.pick_render import render_html, render_json, render_markdown, render_summary
 
     if phase is not None and phase not in PHASES:
         print(f"dskbench pick: phase {phase!r} is not one of {', '.join(PHASES)}", file=sys.stderr)
@@ -632,13 +687,22 @@ def cli_pick(
         print(f"dskbench pick: {e}", file=sys.stderr)
         return 2
     md = render_markdown(result)
-    print(md, end="")
-    if out is not None:
-        import json
+    if out is None:
+        print(md, end="")
+        return 0
+    import json
 
+    files = {
+        "pick.md": md,
+        "pick.html": render_html(result),
+        "pick.json": json.dumps(render_json(result), indent=1) + "\n",
+    }
+    try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "pick.md").write_text(md, encoding="utf-8")
-        (out / "pick.html").write_text(render_html(result), encoding="utf-8")
-        (out / "pick.json").write_text(json.dumps(render_json(result), indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {out / 'pick.md'}, pick.html, pick.json", file=sys.stderr)
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
+    except OSError as e:
+        print(f"dskbench pick: cannot write into {out}: {e.strerror}", file=sys.stderr)
+        return 2
+    print(render_summary(result, [str(out / name) for name in files]), end="")
     return 0

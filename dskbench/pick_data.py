@@ -18,6 +18,7 @@ from dskbench.shapes import ModelShapes
 
 DEPLOYMENT_FILE = paths.REPO_ROOT / "shapes" / "deployment.yaml"
 SCOPES = ("layer", "step", "nextn", "spec")
+LAUNCH = ("python", "-m", "sglang.launch_server", "--model-path", "nvidia/DeepSeek-R1-NVFP4-v2")
 
 
 class DeploymentError(ValueError):
@@ -106,6 +107,7 @@ class Deployment:
     speculative: dict[str, int]  # target_tokens, draft_forwards (evaluated)
     draft_layer: str = "moe"
     source: str = ""
+    launch: tuple[str, ...] = LAUNCH  # the server command before `--tp N` and the picked flags
 
     def flags_of(self, kernel: str, backend: str) -> dict[str, str]:
         for pat, flags in self.backend_flags:
@@ -215,6 +217,7 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
         speculative=speculative,
         draft_layer=str(spec.get("draft_layer", "moe")),
         source=source,
+        launch=_tuple(data.get("launch")) or LAUNCH,
     )
     bad = flag_problems(dep)
     if bad:

@@ -11,7 +11,7 @@ from html import escape
 from typing import Any
 
 from dskbench.compare import format_number
-from dskbench.pick import Cell, Estimate, FlagChoice, Outcome, PhasePick, Pick, RowPick, Total
+from dskbench.pick import Cell, Estimate, FlagChoice, Launch, Outcome, PhasePick, Pick, RowPick, Total
 
 SCHEMA = "dskbench.pick/1"
 RULE = (
@@ -249,8 +249,28 @@ def _header(p: Pick) -> list[str]:
     ]
 
 
+def launch_notes(launch: Launch) -> list[str]:
+    """What the one command leaves open: flags whose choice depends on the load, flags left unset."""
+    out = []
+    if launch.varies:
+        out.append(
+            "The choice depends on the batch (the command takes the most frequent one; "
+            "`dskbench pick --batch N` picks for one load): " + "; ".join(launch.varies) + "."
+        )
+    if launch.unset:
+        out.append(
+            "Not set (no value has a measurement for every row it sets; SGLang's default applies): "
+            + ", ".join(launch.unset)
+            + "."
+        )
+    return out
+
+
 def render_markdown(p: Pick) -> str:
     out = _header(p)
+    if p.launch is not None:
+        out += ["## Launch command", "", "```sh", p.launch.command, "```", ""]
+        out += [line + "\n" for line in launch_notes(p.launch)]
     for pp in p.phases:
         out += [f"## {pp.phase}", ""]
         if not pp.batches:
@@ -270,6 +290,27 @@ def render_markdown(p: Pick) -> str:
         if pp.unassigned:
             out += ["### Results no row uses", "", "; ".join(pp.unassigned), ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def render_summary(p: Pick, written: list[str]) -> str:
+    """The short stdout of `dskbench pick --out`: the launch command, the step estimate per batch, and
+    the files that hold the rest."""
+    out = [f"Backend pick: {p.device}, tp={p.tp}"]
+    if p.launch is not None:
+        out += ["", "Launch command:", "  " + p.launch.command]
+        out += ["  " + line for line in launch_notes(p.launch)]
+    for pp in p.phases:
+        if not pp.batches:
+            out += ["", f"{pp.phase}: no measurement"]
+            continue
+        counts = pp.picker.dep.layer_counts
+        layers = f"{counts.get('dense', 0)} dense + {counts.get('moe', 0)} MoE layers + per step"
+        out += ["", f"Step estimate, {pp.phase} (µs; {layers}):"]
+        v = _var(pp.phase)
+        width = max(len(f"{v}={e.batch}") for e in pp.estimates)
+        out += [f"  {f'{v}={e.batch}':<{width}}  {total_text(e.step)}" for e in pp.estimates]
+    out += ["", "Wrote " + ", ".join(written)]
+    return "\n".join(out) + "\n"
 
 
 # -- HTML --------------------------------------------------------------------------------------------------
@@ -301,6 +342,9 @@ def render_html(p: Pick) -> str:
         f'<p class="sub">{escape(", ".join(p.inputs))} · {len(p.runs)} runs</p></header><main>',
         f'<p class="note">{escape(RULE)}</p>',
     ]
+    if p.launch is not None:
+        body.append(f"<h2>Launch command</h2><pre>{escape(p.launch.command)}</pre>")
+        body += [f'<p class="note">{_h(line)}</p>' for line in launch_notes(p.launch)]
     for pp in p.phases:
         body.append(f"<h2>{escape(pp.phase)}</h2>")
         if not pp.batches:
@@ -343,6 +387,7 @@ td.tie{background:#fff7e6}td.incomplete{background:#fdecec;color:#7f1d1d}td.none
 code{font:12px ui-monospace,Menlo,monospace;background:#eef0f3;padding:1px 4px;border-radius:3px}
 .note{color:#4b5563;font-size:12.5px;max-width:1100px}
 li{font-size:12.5px}
+pre{font:12.5px ui-monospace,Menlo,monospace;background:#1f2937;color:#f9fafb;padding:10px 14px;border-radius:4px;white-space:pre-wrap;word-break:break-all}
 """
 
 
@@ -461,5 +506,13 @@ def render_json(p: Pick) -> dict[str, Any]:
         "runs": p.runs,
         "rule": RULE,
         "threshold": p.threshold,
+        "launch": None
+        if p.launch is None
+        else {
+            "command": p.launch.command,
+            "argv": p.launch.argv,
+            "varies": p.launch.varies,
+            "unset": p.launch.unset,
+        },
         "phases": phases,
     }

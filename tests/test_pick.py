@@ -345,7 +345,8 @@ def test_cli_pick_writes_files_and_rejects_bad_input(tmp_path, capsys):
     f = write_runs([run_of(scenario())], tmp_path / "r.jsonl")
     out = tmp_path / "out"
     assert cli_pick([f], "decode", [1, 16], 1, out) == 0
-    assert "# Backend pick" in capsys.readouterr().out
+    summary = capsys.readouterr().out
+    assert "### " not in summary and "| op |" not in summary  # a summary, not the whole Markdown
     assert {p.name for p in out.iterdir()} == {"pick.md", "pick.html", "pick.json"}
     assert json.loads((out / "pick.json").read_text())["phases"]["decode"]["batches"] == [1, 16]
     assert cli_pick([tmp_path / "nope.jsonl"], None, None, 1, None) == 2
@@ -354,6 +355,62 @@ def test_cli_pick_writes_files_and_rejects_bad_input(tmp_path, capsys):
     assert cli_pick([two], None, None, 1, None) == 2
     assert "several devices" in capsys.readouterr().err
     assert load_runs([two], device="NVIDIA B200")[1] == "NVIDIA B200"
+
+
+LAUNCH = "python -m sglang.launch_server --model-path nvidia/DeepSeek-R1-NVFP4-v2"
+
+
+def test_launch_command_from_the_flag_choices(dep):
+    one = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1], tp=1, dep=dep).launch
+    assert one.command == f"{LAUNCH} --tp 1 --moe-runner-backend marlin --sampling-backend flashinfer"
+    assert one.varies == [] and one.unset == []
+    # marlin wins at B=1, triton at B=16: one vote each, the larger batch breaks the tie; the split is said
+    two = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1, 16], dep=dep).launch
+    assert two.argv[-4:] == ["--moe-runner-backend", "triton", "--sampling-backend", "flashinfer"]
+    assert two.varies == ["--moe-runner-backend triton (decode B=1: marlin; decode B=16: triton)"]
+    # at tp 8 the command says so
+    tp8 = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1], tp=8, dep=dep).launch
+    assert tp8.argv[5:7] == ["--tp", "8"]
+
+
+def test_launch_command_leaves_out_a_flag_without_a_complete_value(dep):
+    recs = [r for r in scenario() if r["kernel"] != "gatek"]  # every MoE path lacks its routing part
+    lc = pick([run_of(recs)], "NVIDIA H200", phases=["decode"], batches=[1], dep=dep).launch
+    assert "--moe-runner-backend" not in lc.argv and lc.unset == ["--moe-runner-backend"]
+
+
+def test_launch_command_in_every_output(dep):
+    p = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1, 16], dep=dep)
+    cmd = p.launch.command
+    md = render_markdown(p)
+    assert f"## Launch command\n\n```sh\n{cmd}\n```" in md
+    assert "`dskbench pick --batch N` picks for one load" in md
+    assert f"<pre>{cmd}</pre>" in render_html(p)
+    assert render_json(p)["launch"]["command"] == cmd
+
+
+def test_cli_pick_with_out_prints_a_short_summary(tmp_path, capsys):
+    from tests.fake_results import write_runs
+
+    f = write_runs([run_of(scenario())], tmp_path / "r.jsonl")
+    out = tmp_path / "out"
+    assert cli_pick([f], "decode", [1, 16], 1, out) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Backend pick: NVIDIA H200, tp=1"
+    expect = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1, 16])  # the real file
+    assert lines[2:4] == ["Launch command:", f"  {expect.launch.command}"]
+    assert expect.launch.command.startswith(f"{LAUNCH} --tp 1")
+    assert "Step estimate, decode (µs; 3 dense + 58 MoE layers + per step):" in lines
+    b1 = next(x for x in lines if x.startswith("  B=1 "))
+    assert b1 == "  B=1   " + total_text(expect.phases[0].estimates[0].step)
+    assert "(incomplete: lacks " in b1  # the fake results lack most of the real rows
+    assert any(x.startswith("  B=16 ") for x in lines)
+    assert lines[-1] == "Wrote " + ", ".join(str(out / n) for n in ("pick.md", "pick.html", "pick.json"))
+    assert len(lines) < 20
+    assert (out / "pick.md").read_text().startswith("# Backend pick")
+    # without --out: the whole Markdown
+    assert cli_pick([f], "decode", [1], 1, None) == 0
+    assert capsys.readouterr().out.startswith("# Backend pick: NVIDIA H200, tp=1")
 
 
 def test_cli_pick_refuses_a_tp_the_results_do_not_hold(tmp_path, capsys):
