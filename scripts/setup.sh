@@ -4,7 +4,8 @@
 #    tools (pytest, ruff, asv, ...), from the package index pip is configured with.
 #  - An NVIDIA GPU: when this python3 already has pyproject's pinned GPU stack (torch, sglang-kernel,
 #    flashinfer-python, sglang at the `gpu` extra's versions), dskbench is installed into it; otherwise
-#    a .venv gets the `gpu` extra (the pinned stack, a large download) and the test tools.
+#    a .venv gets the `gpu` extra (the pinned stack, a large download) and, unless PIP_NO_INDEX is set,
+#    the test tools.
 #  - DSKBENCH_USE_SYSTEM_PYTHON=1: use this python3 whatever it has.
 # Offline, pip reads PIP_NO_INDEX=1 and PIP_FIND_LINKS=DIR (a wheelhouse, scripts/wheelhouse.py); the
 # install into an existing Python needs no index (no build isolation: its own setuptools builds it).
@@ -43,7 +44,9 @@ if [ "$DSKBENCH_GPU" = 1 ]; then
     want="$(sha256sum pyproject.toml | cut -c1-16)-gpu"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         echo "setup: NVIDIA GPU found: installing pyproject's gpu extra (the pinned stack) into .venv" >&2
-        _step python3 -m pip install -q -e ".[gpu,test]"
+        _step python3 -m pip install -q -e ".[gpu]"
+        # the test tools too, from an index (a wheelhouse built for the gpu extra does not carry them)
+        if [ -z "${PIP_NO_INDEX:-}" ]; then _step python3 -m pip install -q -e ".[test]"; fi
         [ "${DSKBENCH_DRY_RUN:-0}" = 1 ] || echo "$want" > "$stamp"
     fi
 else

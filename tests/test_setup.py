@@ -152,10 +152,10 @@ def test_run_sh_on_cpu_installs_the_cpu_stack_and_does_not_warm(tmp_path):
 
 def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_runs(tmp_path):
     steps = _dry_run(tmp_path, True, 1, "--sweep", "decode")
-    assert "python3 -m pip install -q -e .[gpu,test]" in steps
+    assert "python3 -m pip install -q -e .[gpu]" in steps and "python3 -m pip install -q -e .[test]" in steps
     assert not any("torch==" in s for s in steps)
     parts = (
-        "pip install -q -e .[gpu,test]",
+        "pip install -q -e .[gpu]",
         "registry generate --check",
         "dskbench.stack cuda",
         "mainjob eta",
@@ -165,6 +165,11 @@ def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_
     )
     order = [_index(steps, p) for p in parts]
     assert order == sorted(order)
+
+
+def test_run_sh_offline_installs_only_the_gpu_extra(tmp_path):
+    steps = _dry_run(tmp_path, True, 1, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path))
+    assert [s for s in steps if "pip install" in s] == ["python3 -m pip install -q -e .[gpu]"]
 
 
 def test_run_sh_uses_a_python_that_has_the_pinned_stack(tmp_path):
