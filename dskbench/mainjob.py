@@ -1,0 +1,89 @@
+"""Helpers of the main command (scripts/run.sh) on a GPU box: the expected time printed before the
+sweep, and which of the user's `run` options the JIT warm-up takes too.
+
+    python -m dskbench run --dry-run --quick ... | python -m dskbench.mainjob eta
+    python -m dskbench.mainjob warm-args RUN_OPTIONS...   (NUL-separated, for bash's mapfile -d '')
+
+The estimate: with a sharded plan (`--gpus`), the longest shard of the cost model that cuts the shards
+(dskbench/execution/cost.py); otherwise each case costs that model's fixed per-case overhead plus the
+quick sweep's sampling budget. It is a model, not a measurement: JIT builds (done before, by
+`dskbench warm`) and a case's input set-up beyond that overhead come on top.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+
+
+def per_case_s() -> float:
+    """The simple per-case estimate: the cost model's overhead plus the quick sampling budget."""
+    from dskbench.execution.cost import CASE_OVERHEAD_S
+    from dskbench.measure.settings import MeasureSettings
+
+    return CASE_OVERHEAD_S + MeasureSettings.quick().max_time_s
+
+
+def estimate(dry_run: str, case_s: float) -> str | None:
+    """One line with the expected sweep time, from `dskbench run --dry-run`'s output; None when it
+    has no plan line."""
+    m = re.search(r"^(\d+) cases to run", dry_run, re.M)
+    if not m:
+        return None
+    cases = int(m.group(1))
+    shards = [
+        float(s) for s in re.findall(r"^GPU \d+: \d+ cases, ~(\d+(?:\.\d+)?) s estimated", dry_run, re.M)
+    ]
+    if shards:
+        secs, how = max(shards), f"the longest of {len(shards)} GPU shards by the cost model"
+    else:
+        secs, how = cases * case_s, f"{case_s:.1f} s per case by the cost model"
+    return (
+        f"expected: about {_minutes(secs)} to measure {cases} cases ({how}; "
+        "JIT builds, done first by dskbench warm, come on top)"
+    )
+
+
+def _minutes(secs: float) -> str:
+    return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
+
+
+def warm_args(run_args: Sequence[str]) -> list[str]:
+    """The user's `run` options that `dskbench warm` also takes (what to build for), with their values;
+    the rest (--out, --budget, --mode, ...) concern timing only."""
+    from dskbench.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "warm" in a.choices)  # noqa: SLF001
+    warm = sub.choices["warm"]
+    takes = {s: a.nargs != 0 for a in warm._actions for s in a.option_strings}  # noqa: SLF001
+    takes.pop("--out", None)
+    takes.pop("--gpus", None)  # the main command builds on all GPUs
+    kept: list[str] = []
+    args = list(run_args)
+    i = 0
+    while i < len(args):
+        opt = args[i].split("=", 1)[0]
+        with_value = opt in takes and takes[opt] and "=" not in args[i]
+        if opt in takes:
+            kept += args[i : i + 2] if with_value else [args[i]]
+        i += 2 if with_value else 1
+    return kept
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["eta"]:
+        line = estimate(sys.stdin.read(), per_case_s())
+        print(line or "expected: unknown (no plan from dskbench run --dry-run)")
+        return 0
+    if args[:1] == ["warm-args"]:
+        sys.stdout.write("".join(a + "\0" for a in warm_args(args[1:])))
+        return 0
+    print("dskbench.mainjob: expected eta or warm-args", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Set-up on a GPU box without one: the pinned-stack check, the driver/CUDA/torch mismatch line, GPU
+detection through a fake nvidia-smi, the expected-time line, and scripts/run.sh's steps in order
+(DSKBENCH_DRY_RUN=1, a fake python3 for the stack check: nothing is installed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+import setuptools
+
+from dskbench import mainjob, stack
+
+ROOT = Path(__file__).resolve().parents[1]
+PINS = {"torch": "2.11.0", "sglang-kernel": "0.4.5", "flashinfer-python": "0.6.14", "sglang": "0.5.16"}
+
+
+def test_pins_come_from_pyprojects_gpu_extra():
+    assert stack.pinned() == PINS
+
+
+def test_stack_matches_with_a_cuda_build_label():
+    have = {**PINS, "torch": "2.11.0+cu130"}
+    assert stack.stack_problems(PINS, have) == []
+
+
+def test_stack_names_each_package_that_differs_or_is_missing():
+    have = {**PINS, "torch": "2.13.0+cpu", "sglang": None}
+    assert stack.stack_problems(PINS, have) == [
+        "torch: 2.13.0+cpu installed, the gpu extra pins 2.11.0",
+        "sglang: not installed (the gpu extra pins 0.5.16)",
+    ]
+
+
+def test_installed_versions_of_present_and_absent_packages():
+    found = stack.installed(("pytest", "no-such-package-dskbench"))
+    assert found["pytest"] == pytest.__version__
+    assert found["no-such-package-dskbench"] is None
+
+
+def _runner(outputs: dict[str, str | None]):
+    return lambda cmd: outputs.get(" ".join(cmd))
+
+
+def test_gpu_names_and_driver_cuda_from_nvidia_smi():
+    run = _runner(
+        {
+            "nvidia-smi -L": "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\nGPU 1: NVIDIA H100 (UUID: GPU-2)\n",
+            "nvidia-smi": "| NVIDIA-SMI 550.54  Driver Version: 550.54  CUDA Version: 12.4 |",
+        }
+    )
+    assert len(stack.gpu_names(run)) == 2
+    assert stack.driver_cuda(run) == "12.4"
+    assert stack.gpu_names(_runner({})) == [] and stack.driver_cuda(_runner({})) is None
+
+
+GPUS = ["GPU 0: NVIDIA H100"]
+
+
+def test_no_mismatch_without_gpu_or_when_torch_uses_it():
+    assert stack.cuda_problem([], None, "2.11.0+cpu", None, False) is None
+    assert stack.cuda_problem(GPUS, "13.0", "2.11.0", "13.0", True) is None
+
+
+def test_mismatch_torch_built_for_a_newer_cuda_than_the_driver():
+    msg = stack.cuda_problem(GPUS, "12.4", "2.11.0+cu130", "13.0", False)
+    assert msg == (
+        "torch 2.11.0+cu130 is built for CUDA 13.0 but the NVIDIA driver supports CUDA 12.4 at most: "
+        "update the driver, or install a torch built for CUDA 12"
+    )
+
+
+def test_mismatch_cpu_build_missing_torch_and_other_causes():
+    assert "CPU-only build" in stack.cuda_problem(GPUS, "12.4", "2.13.0+cpu", None, False)
+    assert "torch is not installed" in stack.cuda_problem(GPUS, "12.4", None, None, False)
+    other = stack.cuda_problem(GPUS, "12.8", "2.11.0", "12.6", False)
+    assert "cannot use them" in other and "CUDA_VISIBLE_DEVICES" in other
+    for msg in (other, stack.cuda_problem(GPUS, "12.4", "2.11.0", "13.0", False)):
+        assert "\n" not in msg
+
+
+def _fake_bin(tmp_path: Path, gpu: bool, stack_rc: int) -> Path:
+    """nvidia-smi listing one GPU (or failing), and python3 answering the stack check with stack_rc."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(parents=True)
+    smi = bin_ / "nvidia-smi"
+    if gpu:
+        smi.write_text(
+            "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H100 (UUID: GPU-1)' && exit 0\n"
+            "echo 'Driver Version: 550.54  CUDA Version: 12.4'\n"
+        )
+    else:
+        smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    py = bin_ / "python3"
+    py.write_text(
+        f'#!/bin/sh\nif [ "$1 $2 $3" = "-m dskbench.stack check" ]; then exit {stack_rc}; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    for f in (smi, py):
+        f.chmod(0o755)
+    return bin_
+
+
+def test_gpu_detection_through_nvidia_smi_on_path(tmp_path):
+    for gpu, rc in ((True, 0), (False, 1)):
+        bin_ = _fake_bin(tmp_path / str(gpu), gpu, 1)
+        env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
+        got = subprocess.run([sys.executable, "-m", "dskbench.stack", "gpu"], cwd=ROOT, env=env, check=False)
+        assert got.returncode == rc
+
+
+def _dry_run(tmp_path: Path, gpu: bool, stack_rc: int, *args: str, **env: str) -> list[str]:
+    """scripts/run.sh in a copy of the checkout, printing its steps; the lines that are steps."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("setup.sh", "run.sh"):
+        shutil.copy(ROOT / "scripts" / name, repo / "scripts" / name)
+    shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
+    (repo / "dskbench").symlink_to(ROOT / "dskbench")
+    bin_ = _fake_bin(tmp_path, gpu, stack_rc)
+    full_env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "DSKBENCH_DRY_RUN": "1", **env}
+    full_env.pop("DSKBENCH_USE_SYSTEM_PYTHON", None) if "DSKBENCH_USE_SYSTEM_PYTHON" not in env else None
+    full_env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run(
+        ["bash", "scripts/run.sh", *args], cwd=repo, env=full_env, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+
+
+def _index(steps: list[str], part: str) -> int:
+    return next(i for i, s in enumerate(steps) if part in s)
+
+
+def test_run_sh_on_cpu_installs_the_cpu_stack_and_does_not_warm(tmp_path):
+    steps = _dry_run(tmp_path, False, 1, "--kernel", "rmsnorm")
+    assert steps[0] == "python3 -m venv .venv"
+    assert any(s.startswith("python3 -m pip install -q torch==") for s in steps)
+    assert "python3 -m pip install -q -e .[test]" in steps
+    assert not any("gpu" in s or "warm" in s or "dskbench.stack cuda" in s for s in steps)
+    order = [
+        _index(steps, p) for p in ("registry generate --check", "dskbench run --quick", "dskbench report")
+    ]
+    assert order == sorted(order)
+    assert "--kernel rmsnorm" in steps[order[1]]
+
+
+def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_runs(tmp_path):
+    steps = _dry_run(tmp_path, True, 1, "--sweep", "decode")
+    assert "python3 -m pip install -q -e .[gpu]" in steps and "python3 -m pip install -q -e .[test]" in steps
+    assert not any("torch==" in s for s in steps)
+    parts = (
+        "pip install -q -e .[gpu]",
+        "registry generate --check",
+        "dskbench.stack cuda",
+        "mainjob eta",
+        "dskbench warm --gpus all --sweep decode",
+        "dskbench run --quick --out",
+        "dskbench report",
+    )
+    order = [_index(steps, p) for p in parts]
+    assert order == sorted(order)
+
+
+def test_run_sh_offline_installs_only_the_gpu_extra(tmp_path):
+    steps = _dry_run(tmp_path, True, 1, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path))
+    assert [s for s in steps if "pip install" in s] == ["python3 -m pip install -q -e .[gpu]"]
+
+
+def test_run_sh_uses_a_python_that_has_the_pinned_stack(tmp_path):
+    steps = _dry_run(tmp_path, True, 0)
+    assert steps[0] == "python3 -m pip install -q --no-deps --no-build-isolation -e ."
+    assert not any("venv" in s or "[gpu" in s for s in steps)
+    assert _index(steps, "dskbench warm --gpus all") < _index(steps, "dskbench run --quick")
+
+
+def test_use_system_python_still_forces_this_python(tmp_path):
+    steps = _dry_run(tmp_path, False, 1, DSKBENCH_USE_SYSTEM_PYTHON="1")
+    assert steps[0] == "python3 -m pip install -q --no-deps --no-build-isolation -e ."
+    assert not any("venv" in s for s in steps)
+
+
+def test_system_python_install_needs_no_index(tmp_path):
+    """The command setup.sh runs for DSKBENCH_USE_SYSTEM_PYTHON, with pip barred from any index."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, proj / name)
+    shutil.copytree(ROOT / "dskbench", proj / "dskbench", ignore=shutil.ignore_patterns("__pycache__"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "empty")}
+    # this Python's own build tools are the test run's (setuptools>=68 as pyproject asks), not venv's old copy
+    subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], env=env, check=False)
+    site = next((env_dir / "lib").glob("python3*/site-packages"))
+    (site / "outer.pth").write_text(str(Path(setuptools.__file__).parents[1]) + "\n")
+    tools = subprocess.run([py, "-m", "dskbench.stack", "tools"], cwd=proj, capture_output=True, text=True)
+    assert tools.returncode == 0, tools.stderr
+    cmd = [py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."]
+    proc = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    got = subprocess.run(
+        [py, "-c", "import dskbench; print(dskbench.__file__)"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert got.stdout.strip() == str(proj / "dskbench" / "__init__.py")
+
+
+def test_build_tools_problems():
+    assert stack.build_tools_problem("80.9.0", False) is None
+    assert stack.build_tools_problem("69.5.1", True) is None
+    assert "needs the wheel package" in stack.build_tools_problem("69.5.1", False)
+    assert "needs setuptools>=68" in stack.build_tools_problem("65.5.0", True)
+    assert "no setuptools" in stack.build_tools_problem(None, True)
+
+
+def test_estimate_from_a_plain_plan_and_from_shards():
+    plain = "k.a  b\nk.b  b\n100 cases to run, 3 kernels skipped at planning\n"
+    assert mainjob.estimate(plain, 0.8) == (
+        "expected: about 80 s to measure 100 cases (0.8 s per case by the cost model; "
+        "JIT builds, done first by dskbench warm, come on top)"
+    )
+    sharded = (
+        plain.replace("100", "900")
+        + "GPU 0: 450 cases, ~300 s estimated: a\nGPU 1: 450 cases, ~420 s estimated: b\n"
+    )
+    assert mainjob.estimate(sharded, 0.8).startswith(
+        "expected: about 7 min to measure 900 cases (the longest of 2"
+    )
+    assert mainjob.estimate("nothing planned", 0.8) is None
+    assert mainjob.per_case_s() > 0
+
+
+def test_warm_takes_the_run_options_about_what_to_build():
+    got = mainjob.warm_args(
+        [
+            "--kernel",
+            "rmsnorm",
+            "--budget",
+            "2",
+            "--sweep=decode",
+            "--gpus",
+            "2",
+            "--tp",
+            "1,8",
+            "--no-dedupe",
+        ]
+    )
+    assert got == ["--kernel", "rmsnorm", "--sweep=decode", "--tp", "1,8"]
