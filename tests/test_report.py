@@ -350,7 +350,7 @@ def test_overview_names_the_fastest_correct_backend(landing):
     assert {c.backend for c in norm.values()} == {"flashinfer"}
     # in the page: the table sits above the kernel sections, its cells link to the panels' ids
     ov = landing[landing.index('<div class="card overview"') : landing.index('<details class="kernel"')]
-    row = re.search(r"<tr><td class=\"op\">q_b_proj</td>.*?</tr>", ov).group(0)
+    row = re.search(r"<tr[^>]*><td class=\"op\">q_b_proj</td>.*?</tr>", ov).group(0)
     winners = re.findall(r"</i>([\w.\-]+)<br>", row)
     assert winners == ["sglang_triton", "sgl_kernel", "sglang_triton"]
     for target in re.findall(r'href="#([^"]+)"', ov):
@@ -388,3 +388,12 @@ def test_csv_link_and_peak_lines(landing, tmp_path: Path):
     assert label.startswith("peak ") and label.endswith(" TFLOP/s")
     page = write_report([_landing_run()], tmp_path, categories={})[0].read_text()
     assert 'class="csv"' not in page  # linked only where one is written
+
+
+def test_markdown_has_the_overview_and_the_folded_list(tmp_path: Path):
+    md = write_report([_landing_run()], tmp_path, categories={})[1].read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| q_b_proj |"))
+    cells = [c.strip().split(" ")[0] for c in row.strip("|").split("|")][2:]
+    assert cells == ["sglang_triton", "sgl_kernel", "sglang_triton"]
+    assert "### Not measured (2 kernels, skipped)" in md and "- **kv_io** — no adapter" in md
+    assert "### kv_io" not in md and "#### input_layernorm / enorm / hnorm · decode" in md

@@ -135,8 +135,11 @@ def _overview(m: Machine, categories: Mapping[str, str] | None, colors: dict[str
             + "".join(f"<th class=n>{e(t.x_var)}={_x(x)}</th>" for x in t.xs)
             + "</tr></thead><tbody>"
         )
+        last = None
         for row in t.rows:
             fixed = "".join(f" <small>{e(k)}={e(v)}</small>" for k, v in row.fixed.items())
+            first = row.names != last  # an op's rows (one per kernel) under one name
+            last = row.names
             cells = []
             for x in t.xs:
                 c = row.cells.get(x)
@@ -153,7 +156,7 @@ def _overview(m: Machine, categories: Mapping[str, str] | None, colors: dict[str
                     f"<br><b>{fmt_num(c.median)}</b> µs {pct}</a></td>"
                 )
             out.append(
-                f'<tr><td class="op">{e(row.names)}{fixed}</td>'
+                f'<tr{" class=first" if first else ""}><td class="op">{e(row.names) if first else ""}{fixed}</td>'
                 f'<td><a href="#{e(kernel_anchor(m.slug, row.kernel))}">{e(row.kernel)}</a></td>'
                 f"{''.join(cells)}</tr>"
             )
@@ -646,7 +649,8 @@ footer{color:#6b7280;font-size:12px;margin-top:22px}
 .hide{display:none}
 header a.csv{color:#93c5fd}
 .ovwrap{overflow-x:auto}
-table.ov td{white-space:nowrap;font-size:12px}
+table.ov td{white-space:nowrap;font-size:11.5px;border-bottom:none}
+table.ov tr.first td{border-top:1px solid #e3e6ea}
 table.ov td.op{white-space:normal;max-width:300px;font-weight:600}
 table.ov td.w a{color:inherit;text-decoration:none;display:block}
 table.ov td.w:hover{background:#eef4ff}
