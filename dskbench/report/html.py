@@ -416,11 +416,7 @@ def _panel(
             f'<span class="lg" title="{e(title)}"><i style="background:{colors.get(backend, "#333")}"></i>'
             f"{e(backend)}{warn}</span>"
         )
-    twins = (
-        f' <span class="twins">same shapes: measured once for {e(", ".join([p.name, *p.twins]))}</span>'
-        if p.twins
-        else ""
-    )
+    twins = ' <span class="twins">same shapes, measured once</span>' if p.twins else ""
     head = f"<h4>{e(p.title)}{' <small>CPU reference</small>' if is_cpu else ''}{twins}</h4>"
     pid = f' id="{e(anchor)}"' if anchor else ""
     return (
