@@ -312,6 +312,9 @@ def _landing_run() -> Run:
         nbytes, flops = t * k + n * k + t * n * 2, 2 * t * n * k
         if t == 2:
             recs.append(_bad(g, "sglang_triton", "wrong", "relative error 0.31 > tolerance 0.02"))
+            late = _case("fp8_blockwise_scaled_mm", "q_b_proj", "decode", {"T": 8}, {"M": 8, "N": n, "K": k})
+            recs.append(_bad(late, "sglang_triton", "wrong", "relative error 0.5 > tolerance 0.02"))
+            recs.append(_bad(late, "sgl_kernel", "error", "RuntimeError: CUDA error"))
         else:
             recs.append(_ok(rng, "h200", g, "sglang_triton", nbytes, flops, 1.0, 0.9))
         recs.append(_ok(rng, "h200", g, "sgl_kernel", nbytes, flops, 30.0, 0.7))
@@ -336,7 +339,7 @@ def landing(tmp_path_factory) -> str:
 
 def test_overview_names_the_fastest_correct_backend(landing):
     (t,) = overview(machines([_landing_run()])[0], {})
-    assert t.x_var == "T" and t.xs == [1, 2, 4]
+    assert t.x_var == "T" and t.xs == [1, 2, 4, 8]
     rows = {(r.kernel, r.names): r for r in t.rows}
     assert set(rows) == {
         ("rmsnorm", "input_layernorm / enorm / hnorm"),
@@ -346,6 +349,7 @@ def test_overview_names_the_fastest_correct_backend(landing):
     gemm = rows[("fp8_blockwise_scaled_mm", "q_b_proj")].cells
     assert [gemm[x].backend for x in (1, 2, 4)] == ["sglang_triton", "sgl_kernel", "sglang_triton"]
     assert gemm[1].others[0][0] == "sgl_kernel" and gemm[1].pct is not None
+    assert 8 not in gemm and rows[("fp8_blockwise_scaled_mm", "q_b_proj")].failed == {8: "wrong/error"}
     norm = rows[("rmsnorm", "input_layernorm / enorm / hnorm")].cells
     assert {c.backend for c in norm.values()} == {"flashinfer"}
     # in the page: the table sits above the kernel sections, its cells link to the panels' ids
@@ -353,6 +357,7 @@ def test_overview_names_the_fastest_correct_backend(landing):
     row = re.search(r"<tr[^>]*><td class=\"op\">q_b_proj</td>.*?</tr>", ov).group(0)
     winners = re.findall(r"</i>([\w.\-]+)<br>", row)
     assert winners == ["sglang_triton", "sgl_kernel", "sglang_triton"]
+    assert "no correct result<br>wrong/error" in row
     for target in re.findall(r'href="#([^"]+)"', ov):
         assert f'id="{target}"' in landing, target
 
@@ -394,6 +399,7 @@ def test_markdown_has_the_overview_and_the_folded_list(tmp_path: Path):
     md = write_report([_landing_run()], tmp_path, categories={})[1].read_text()
     row = next(line for line in md.splitlines() if line.startswith("| q_b_proj |"))
     cells = [c.strip().split(" ")[0] for c in row.strip("|").split("|")][2:]
-    assert cells == ["sglang_triton", "sgl_kernel", "sglang_triton"]
+    assert cells == ["sglang_triton", "sgl_kernel", "sglang_triton", "no"]
+    assert row.rstrip(" |").endswith("no correct result (wrong/error)")
     assert "### Not measured (2 kernels, skipped)" in md and "- **kv_io** — no adapter" in md
     assert "### kv_io" not in md and "#### input_layernorm / enorm / hnorm · decode" in md

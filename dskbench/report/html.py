@@ -144,7 +144,13 @@ def _overview(m: Machine, categories: Mapping[str, str] | None, colors: dict[str
             for x in t.xs:
                 c = row.cells.get(x)
                 if c is None:
-                    cells.append("<td></td>")
+                    st = row.failed.get(x)
+                    cells.append(
+                        f'<td class="w st-{e(st.split("/")[0])}" title="no correct result">'
+                        f'<a href="#{e(row.anchor)}">no correct result<br>{e(st)}</a></td>'
+                        if st
+                        else "<td></td>"
+                    )
                     continue
                 tip = f"{c.backend}: {fmt_num(c.median)} µs" + "".join(
                     f" · {b}: {fmt_num(v)} µs" for b, v in c.others

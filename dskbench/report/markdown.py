@@ -101,7 +101,10 @@ def _overview(m: Machine, categories: Mapping[str, str] | None) -> list[str]:
             for x in t.xs:
                 c = r.cells.get(x)
                 pct = f" ({fmt_pct(c.pct)})" if c is not None and c.pct is not None else ""
-                cells.append("" if c is None else f"{c.backend} {fmt_num(c.median)}{pct}")
+                if c is None:
+                    cells.append(f"no correct result ({r.failed[x]})" if x in r.failed else "")
+                else:
+                    cells.append(f"{c.backend} {fmt_num(c.median)}{pct}")
             rows.append([f"{r.names} {fixed}".strip(), r.kernel, *cells])
         out += [f"### Fastest correct backend at decode, by {t.x_var} (µs, % of peak)", ""]
         out += table(["op", "kernel", *xs], rows)

@@ -289,6 +289,7 @@ class OverviewRow:
     fixed: dict[str, Any]
     anchor: str  # the panel's id in the page
     cells: dict[float, Cell]
+    failed: dict[float, str] = field(default_factory=dict)  # points measured with no correct result: status
 
 
 @dataclass
@@ -346,6 +347,18 @@ def overview(machine: Machine, categories: Mapping[str, str] | None) -> list[Ove
             items.sort(key=lambda t: (t[0], t[1]))
             med, backend, rec = items[0]
             cells[x] = Cell(backend, med, pct_of_bound(rec), [(b, m) for m, b, _ in items[1:]])
+        failed: dict[float, set[str]] = defaultdict(set)
+        for r in machine.records(kernel):
+            pt = r.get("point") or {}
+            if (
+                r["status"] != "ok"
+                and r.get("phase") == "decode"
+                and (r.get("op"), r.get("variant")) == (p.op, p.variant)
+                and p.x_var in pt
+                and all(pt.get(k) == v for k, v in p.fixed.items())
+                and float(pt[p.x_var]) not in cells
+            ):
+                failed[float(pt[p.x_var])].add(r["status"])
         first = next(iter(p.ok.values()))[0]
         row = OverviewRow(
             kernel,
@@ -354,13 +367,14 @@ def overview(machine: Machine, categories: Mapping[str, str] | None) -> list[Ove
             dict(p.fixed),
             p.anchor(kernel_anchor(machine.slug, kernel)),
             cells,
+            {x: "/".join(sorted(st, key=lambda q: PROBLEM_ORDER.get(q, 9))) for x, st in failed.items()},
         )
         tables.setdefault(p.x_var, Overview(p.x_var, [], [])).rows.append(row)
     out = []
     for x_var in OVERVIEW_X:
         if x_var in tables:
             t = tables[x_var]
-            t.xs = sorted({x for r in t.rows for x in r.cells})
+            t.xs = sorted({x for r in t.rows for x in [*r.cells, *r.failed]})
             t.rows.sort(key=lambda r: (natural_key(r.names), r.kernel.lower(), str(r.fixed)))
             out.append(t)
     return out
