@@ -769,7 +769,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ResultsError as e:
         print(f"dskbench: {e}", file=sys.stderr)
         return EXIT_USAGE
-    written = write_report(runs, args.out)
+    written = write_report(runs, args.out, csv_href="results.csv")
     written.append(write_csv(runs, args.out / "results.csv"))
     for p in written:
         print(p)

@@ -8,11 +8,23 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from fake_results import CATEGORIES, COMMIT_A, big_run, ceilings_for, fake_runs, make_run
+from fake_results import (
+    CATEGORIES,
+    COMMIT_A,
+    _bad,
+    _case,
+    _ok,
+    big_run,
+    ceilings_for,
+    environment,
+    fake_runs,
+    make_run,
+)
 
 from dskbench.report import svg, write_report
 from dskbench.report.model import CPU_NOTE, history, machines, panels, pct_of_peak
-from dskbench.report.tables import ceiling_facts, fmt_num, problems
+from dskbench.report.tables import ceiling_facts, fmt_num, overview, problems
+from dskbench.results import Run, result_record
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -51,12 +63,12 @@ def test_page_is_self_contained_and_labelled(report):
     assert not re.search(r"(src|href)=\"(https?:)?//", page), "the page must not fetch anything"
     for name in ("NVIDIA H200", "NVIDIA B200", "cpu"):
         assert f"<h2>{name}</h2>" in page
-    assert page.count(CPU_NOTE) == 2  # in the machine card and above its kernels
+    assert page.count(CPU_NOTE) == 3  # in the machine card, above its overview and above its kernels
     assert "580.95.05" in page and "sglang-kernel 0.4.5" in page and "flashinfer-python 0.6.14" in page
     assert "measured ceilings" in page and "3,870 GB/s (Tensor.copy_ fp32)" in page
-    assert (
-        page.count('<details class="kernel"') == 6 + 6 + 3
-    )  # one collapsible section per kernel per machine
+    # one collapsible section per measured kernel per machine; the unmeasured ones folded into one list
+    assert page.count('<details class="kernel"') == 4 + 5 + 2
+    assert page.count('<details class="unmeasured"') == 3
 
 
 def test_summary_counts_match_latest_results(report):
@@ -102,9 +114,9 @@ def test_throttled_and_unconverged_points_are_marked(report):
 def test_machines_are_never_mixed(report):
     page, _ = report
     b200 = kernel_section(page, "nvidia-b200--cutlass-scaled-fp4-mm")
-    h200 = kernel_section(page, "nvidia-h200--cutlass-scaled-fp4-mm")
     assert len(markers(chart_titled(b200, "latency"))) == 14
-    assert "<svg" not in h200 and "needs sm100/sm103 (found sm90)" in h200
+    h200 = re.search(r'<tr id="nvidia-h200--cutlass-scaled-fp4-mm">.*?</tr>', page).group(0)
+    assert "needs sm100/sm103 (found sm90)" in h200  # nothing measured on sm90: in the folded list
     for m in machines(fake_runs()):
         devices = {r.environment["device"]["name"] for r in m.runs}
         assert devices == {m.name}
@@ -273,3 +285,121 @@ def test_minimal_records_render(tmp_path: Path):
     text = page.read_text()
     assert "worker died" in text and "GPU X" in text and 'data-points="1"' in text
     assert "| 2 | b | 3.00 | – |" in md.read_text()
+
+
+# -- landing overview, folded skips, merged twins, CSV link, peak lines ------------------------------------
+
+
+def _landing_run() -> Run:
+    """rmsnorm measured for input_layernorm, enorm/hnorm recorded as its copies; a GEMM whose faster
+    backend is wrong at T=2; a GEMM on the prefill only; two kernels skipped at planning."""
+    import random
+
+    rng = random.Random(3)
+    recs = []
+    for t in (1, 2, 4):
+        src = _case("rmsnorm", "input_layernorm", "decode", {"T": t}, {"T": t, "D": 7168})
+        for b, base in (("sgl_kernel", 3.0), ("flashinfer", 2.0)):
+            rec = _ok(rng, "h200", src, b, 2 * t * 7168 * 2, 0, base, 0.8)
+            recs.append(rec)
+            for twin in ("enorm", "hnorm"):
+                copy = {**rec, **_case("rmsnorm", twin, "decode", {"T": t}, {"T": t, "D": 7168})}
+                recs.append({**copy, "shared_with": src["case_id"]})
+        q = _case("rmsnorm", "q_a_layernorm", "decode", {"T": t}, {"T": t, "D": 1536})
+        recs.append(_ok(rng, "h200", q, "sgl_kernel", 2 * t * 1536 * 2, 0, 1.0, 0.8))
+        n, k = 24576, 1536
+        g = _case("fp8_blockwise_scaled_mm", "q_b_proj", "decode", {"T": t}, {"M": t, "N": n, "K": k})
+        nbytes, flops = t * k + n * k + t * n * 2, 2 * t * n * k
+        if t == 2:
+            recs.append(_bad(g, "sglang_triton", "wrong", "relative error 0.31 > tolerance 0.02"))
+            late = _case("fp8_blockwise_scaled_mm", "q_b_proj", "decode", {"T": 8}, {"M": 8, "N": n, "K": k})
+            recs.append(_bad(late, "sglang_triton", "wrong", "relative error 0.5 > tolerance 0.02"))
+            recs.append(_bad(late, "sgl_kernel", "error", "RuntimeError: CUDA error"))
+        else:
+            recs.append(_ok(rng, "h200", g, "sglang_triton", nbytes, flops, 1.0, 0.9))
+        recs.append(_ok(rng, "h200", g, "sgl_kernel", nbytes, flops, 30.0, 0.7))
+    pre = _case("fp8_blockwise_scaled_mm", "o_proj", "prefill", {"T": 512}, {"M": 512, "N": 7168, "K": 16384})
+    recs.append(_ok(rng, "h200", pre, "sgl_kernel", 10**8, 2 * 512 * 7168 * 16384, 30.0, 0.7))
+    for name, why in (
+        ("nsa_indexer", "not-in-model: DeepSeek-V3.2 only"),
+        ("kv_io", "no adapter for this kernel yet"),
+    ):
+        recs.append(
+            {"kernel": name, "case_id": name, "backend": {"name": "-"}, "status": "skipped", "reason": why}
+        )
+    env = environment("land", "h200", COMMIT_A, "2026-01-11T00:00:00+00:00")
+    return Run(env, [result_record("land", r.pop("status"), **r) for r in recs])
+
+
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("landing")
+    return write_report([_landing_run()], out, categories={}, csv_href="results.csv")[0].read_text()
+
+
+def test_overview_names_the_fastest_correct_backend(landing):
+    (t,) = overview(machines([_landing_run()])[0], {})
+    assert t.x_var == "T" and t.xs == [1, 2, 4, 8]
+    rows = {(r.kernel, r.names): r for r in t.rows}
+    assert set(rows) == {
+        ("rmsnorm", "input_layernorm / enorm / hnorm"),
+        ("rmsnorm", "q_a_layernorm"),
+        ("fp8_blockwise_scaled_mm", "q_b_proj"),
+    }  # the prefill-only o_proj has no decode row
+    gemm = rows[("fp8_blockwise_scaled_mm", "q_b_proj")].cells
+    assert [gemm[x].backend for x in (1, 2, 4)] == ["sglang_triton", "sgl_kernel", "sglang_triton"]
+    assert gemm[1].others[0][0] == "sgl_kernel" and gemm[1].pct is not None
+    assert 8 not in gemm and rows[("fp8_blockwise_scaled_mm", "q_b_proj")].failed == {8: "wrong/error"}
+    norm = rows[("rmsnorm", "input_layernorm / enorm / hnorm")].cells
+    assert {c.backend for c in norm.values()} == {"flashinfer"}
+    # in the page: the table sits above the kernel sections, its cells link to the panels' ids
+    ov = landing[landing.index('<div class="card overview"') : landing.index('<details class="kernel"')]
+    row = re.search(r"<tr[^>]*><td class=\"op\">q_b_proj</td>.*?</tr>", ov).group(0)
+    winners = re.findall(r"</i>([\w.\-]+)<br>", row)
+    assert winners == ["sglang_triton", "sgl_kernel", "sglang_triton"]
+    assert "no correct result<br>wrong/error" in row
+    for target in re.findall(r'href="#([^"]+)"', ov):
+        assert f'id="{target}"' in landing, target
+
+
+def test_kernels_skipped_at_planning_are_folded(landing):
+    assert landing.count('<details class="kernel"') == 2  # rmsnorm and the GEMM
+    folded = re.search(r'<details class="unmeasured".*?</details>', landing, re.S).group(0)
+    assert "2 kernels not measured (skipped)" in folded
+    assert "nsa_indexer" in folded and "DeepSeek-V3.2 only" in folded and "no adapter" in folded
+    assert landing.index('<details class="unmeasured"') > landing.rindex('<details class="kernel"')
+
+
+def test_identical_shape_panels_are_merged(landing):
+    sec = kernel_section(landing, "nvidia-h200--rmsnorm")
+    heads = re.findall(r"<h4>(.*?)</h4>", sec)
+    assert len(heads) == 2  # input_layernorm (with its twins) and q_a_layernorm: different shapes
+    assert heads[0].startswith("input_layernorm / enorm / hnorm · decode")
+    assert "same shapes, measured once" in heads[0]
+    assert "q_a_layernorm" in heads[1] and "same shapes" not in heads[1]
+    # without dims nothing is called the same
+    recs = [dict(r) for r in machines([_landing_run()])[0].records("rmsnorm")]
+    for r in recs:
+        r.pop("dims", None)
+    assert len(panels(recs)) == 4
+
+
+def test_csv_link_and_peak_lines(landing, tmp_path: Path):
+    assert '<a class="csv" href="results.csv">' in landing
+    sec = kernel_section(landing, "nvidia-h200--fp8-blockwise-scaled-mm")
+    compute = chart_titled(sec, "compute")
+    assert compute.find(f"{SVG_NS}path[@class='ref']") is not None
+    label = compute.find(f"{SVG_NS}text[@class='refl']").text
+    assert label.startswith("peak ") and label.endswith(" TFLOP/s")
+    page = write_report([_landing_run()], tmp_path, categories={})[0].read_text()
+    assert 'class="csv"' not in page  # linked only where one is written
+
+
+def test_markdown_has_the_overview_and_the_folded_list(tmp_path: Path):
+    md = write_report([_landing_run()], tmp_path, categories={})[1].read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| q_b_proj |"))
+    cells = [c.strip().split(" ")[0] for c in row.strip("|").split("|")][2:]
+    assert cells == ["sglang_triton", "sgl_kernel", "sglang_triton", "no"]
+    assert row.rstrip(" |").endswith("no correct result (wrong/error)")
+    assert "### Not measured (2 kernels, skipped)" in md and "- **kv_io** — no adapter" in md
+    assert "### kv_io" not in md and "#### input_layernorm / enorm / hnorm · decode" in md

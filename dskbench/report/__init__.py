@@ -21,12 +21,14 @@ def write_report(
     out_dir: str | Path,
     categories: Mapping[str, str] | None = None,
     threshold: float = 0.05,
+    csv_href: str | None = None,
 ) -> list[Path]:
     """Write index.html and report.md for the runs into out_dir.
 
     categories: kernel -> category for the summary; by default read from the kernel registry (a result
     record's own ``category`` field wins when present). threshold: the relative change the history
-    section calls a regression (with the noise rule of dskbench compare, dskbench.verdict).
+    section calls a regression (with the noise rule of dskbench compare, dskbench.verdict). csv_href: the
+    CSV of the same results, relative to index.html, linked from the top of the page.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -34,7 +36,7 @@ def write_report(
     ms = machines(list(runs))
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = out / "index.html"
-    page.write_text(html.render(ms, cats, generated, threshold), encoding="utf-8")
+    page.write_text(html.render(ms, cats, generated, threshold, csv_href), encoding="utf-8")
     md = out / "report.md"
     md.write_text(markdown.render(ms, cats, generated, threshold), encoding="utf-8")
     return [page, md]

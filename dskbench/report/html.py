@@ -22,6 +22,8 @@ from dskbench.report.model import (
     flags,
     gbps,
     history,
+    is_unmeasured,
+    kernel_anchor,
     panels,
     slug,
     status_counts,
@@ -33,6 +35,7 @@ from dskbench.report.tables import (
     environment_facts,
     fmt_num,
     fmt_pct,
+    overview,
     panel_rows,
     problems,
     summary,
@@ -53,7 +56,9 @@ def render(
     categories: Mapping[str, str] | None,
     generated: str,
     threshold: float = 0.05,
+    csv_href: str | None = None,
 ) -> str:
+    """The page. csv_href: where the CSV of the same results lies, relative to the page (linked on top)."""
     backends = sorted({r["backend"]["name"] for m in machines for r in m.latest.values()})
     colors = svg.color_map([b for b in backends if b != "-"])
     n_records = sum(len(r.results) for m in machines for r in m.runs)
@@ -63,8 +68,12 @@ def render(
         "<header><h1>dskbench report</h1>",
         f'<p class="sub">DeepSeek-V3/R1 kernel microbenchmarks · generated {e(generated)} · '
         f"{n_runs} run{'s' if n_runs != 1 else ''} · {n_records} result records · "
-        f"{len(machines)} machine{'s' if len(machines) != 1 else ''}</p></header><main>",
+        f"{len(machines)} machine{'s' if len(machines) != 1 else ''}"
+        + (f' · <a class="csv" href="{e(csv_href)}">all results as CSV</a>' if csv_href else "")
+        + "</p></header><main>",
     ]
+    for m in machines:
+        body.append(_overview(m, categories, colors))
     body.append('<section class="machines">')
     for m in machines:
         body.append(_machine_card(m, categories))
@@ -79,8 +88,12 @@ def render(
         body.append(f'<section class="kernels"><h2 id="k-{m.slug}">Kernels on {e(m.name)}</h2>')
         if m.is_cpu:
             body.append(f'<div class="banner">{e(CPU_NOTE)}</div>')
+        unmeasured = [k for k in m.kernels() if is_unmeasured(m.records(k))]
         for k in m.kernels():
-            body.append(_kernel_section(m, k, categories, colors, hist.get((m.name, k)), threshold))
+            if k not in unmeasured:
+                body.append(_kernel_section(m, k, categories, colors, hist.get((m.name, k)), threshold))
+        if unmeasured:
+            body.append(_unmeasured_list(m, unmeasured, categories))
         body.append("</section>")
     body.append(
         "<footer>Latency is the median per launch; bars span p10–p90 of the samples. "
@@ -98,6 +111,87 @@ def _page(body: str) -> str:
         f"<title>dskbench report</title><style>{CSS}{svg.CSS}</style></head><body>{body}"
         f"<script>{JS}</script></body></html>\n"
     )
+
+
+# -- the landing overview --------------------------------------------------------------------------------
+
+
+def _overview(m: Machine, categories: Mapping[str, str] | None, colors: dict[str, str]) -> str:
+    """Which backend is fastest where: per op and decode batch size, the fastest correct backend."""
+    tables = overview(m, categories)
+    if not tables:
+        return ""
+    out = [
+        f'<div class="card overview" id="o-{m.slug}"><h2>Fastest backend on {e(m.name)} (decode)</h2>'
+        '<p class="note">Per op and batch size: the backend with the lowest median latency among the correct '
+        "ones (wrong results never win), its median in µs and its % of the peak that bounds the case. "
+        "Each cell links to the op's charts; hover for the other backends.</p>"
+    ]
+    if m.is_cpu:
+        out.append(f'<div class="banner">{e(CPU_NOTE)}</div>')
+    for t in tables:
+        out.append(
+            f'<div class="ovwrap"><table class="ov" data-x="{e(t.x_var)}"><thead><tr><th>op</th><th>kernel</th>'
+            + "".join(f"<th class=n>{e(t.x_var)}={_x(x)}</th>" for x in t.xs)
+            + "</tr></thead><tbody>"
+        )
+        last = None
+        for row in t.rows:
+            fixed = "".join(f" <small>{e(k)}={e(v)}</small>" for k, v in row.fixed.items())
+            first = row.names != last  # an op's rows (one per kernel) under one name
+            last = row.names
+            cells = []
+            for x in t.xs:
+                c = row.cells.get(x)
+                if c is None:
+                    st = row.failed.get(x)
+                    cells.append(
+                        f'<td class="w st-{e(st.split("/")[0])}" title="no correct result">'
+                        f'<a href="#{e(row.anchor)}">no correct result<br>{e(st)}</a></td>'
+                        if st
+                        else "<td></td>"
+                    )
+                    continue
+                tip = f"{c.backend}: {fmt_num(c.median)} µs" + "".join(
+                    f" · {b}: {fmt_num(v)} µs" for b, v in c.others
+                )
+                pct = f"<small>{fmt_pct(c.pct)}</small>" if c.pct is not None else ""
+                cells.append(
+                    f'<td class="w" title="{e(tip)}"><a href="#{e(row.anchor)}">'
+                    f'<i style="background:{colors.get(c.backend, "#333")}"></i>{e(c.backend)}'
+                    f"<br><b>{fmt_num(c.median)}</b> µs {pct}</a></td>"
+                )
+            out.append(
+                f'<tr{" class=first" if first else ""}><td class="op">{e(row.names) if first else ""}{fixed}</td>'
+                f'<td><a href="#{e(kernel_anchor(m.slug, row.kernel))}">{e(row.kernel)}</a></td>'
+                f"{''.join(cells)}</tr>"
+            )
+        out.append("</tbody></table></div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _x(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _unmeasured_list(m: Machine, kernels: list[str], categories: Mapping[str, str] | None) -> str:
+    """Kernels with nothing measured (not in the model, no adapter, another GPU...), folded into one list."""
+    out = [
+        f'<details class="unmeasured" id="u-{m.slug}"><summary>{len(kernels)} kernel'
+        f"{'s' if len(kernels) != 1 else ''} not measured (skipped)</summary>"
+        "<table><thead><tr><th>kernel</th><th>category</th><th>why</th></tr></thead><tbody>"
+    ]
+    for k in kernels:
+        recs = m.records(k)
+        reasons = sorted({str(r.get("reason") or "") for r in recs} - {""})
+        out.append(
+            f'<tr id="{kernel_anchor(m.slug, k)}"><td class="kname">{e(k)}</td>'
+            f"<td>{e(category_of(k, categories, recs[0]))}</td>"
+            f'<td class="why">{"<br>".join(e(r) for r in reasons)}</td></tr>'
+        )
+    out.append("</tbody></table></details>")
+    return "".join(out)
 
 
 # -- header ----------------------------------------------------------------------------------------------
@@ -234,13 +328,13 @@ def _kernel_section(
         if n_slow:
             regress = f'<span class="b bad">{n_slow} regressions vs {e(h.commits[-2][1])}</span>'
     out = [
-        f'<details class="kernel" id="{m.slug}--{slug(kernel)}" data-name="{e(kernel.lower())} {e(cat.lower())}"'
+        f'<details class="kernel" id="{kernel_anchor(m.slug, kernel)}" data-name="{e(kernel.lower())} {e(cat.lower())}"'
         f' data-bad="{1 if bad else 0}"><summary><span class="kname">{e(kernel)}</span>'
         f'<span class="cat">{e(cat)}</span>{badges}{regress}'
         f'<span class="bk">{e(", ".join(backends))}</span></summary><div class="body">'
     ]
     for p in panels(recs):
-        out.append(_panel(p, colors, m.is_cpu, recs))
+        out.append(_panel(p, colors, m.is_cpu, recs, p.anchor(kernel_anchor(m.slug, kernel))))
     if probs:
         out.append(_problems_table(probs))
     if h is not None:
@@ -249,7 +343,9 @@ def _kernel_section(
     return "".join(out)
 
 
-def _panel(p: Panel, colors: dict[str, str], is_cpu: bool, all_recs: list[dict[str, Any]]) -> str:
+def _panel(
+    p: Panel, colors: dict[str, str], is_cpu: bool, all_recs: list[dict[str, Any]], anchor: str = ""
+) -> str:
     rows = panel_rows(p)
     wrong_at = _wrong_points(p, all_recs)
     lat_series, bw_series, tf_series = [], [], []
@@ -292,10 +388,29 @@ def _panel(p: Panel, colors: dict[str, str], is_cpu: bool, all_recs: list[dict[s
     if any(s.points for s in bw_series):
         ceiling = _bw_ceiling(rows)
         charts.append(
-            svg.line_chart(bw_series, "bandwidth", x_axis, svg.Axis("GB/s"), width=400, ref_line=ceiling)
+            svg.line_chart(
+                bw_series,
+                "bandwidth",
+                x_axis,
+                svg.Axis("GB/s"),
+                width=400,
+                ref_line=ceiling,
+                ref_label=_peak_label(ceiling, "GB/s"),
+            )
         )
     if any(s.points for s in tf_series) and _compute_heavy(rows):
-        charts.append(svg.line_chart(tf_series, "compute", x_axis, svg.Axis("TFLOP/s"), width=400))
+        peak = _flop_ceiling(rows)
+        charts.append(
+            svg.line_chart(
+                tf_series,
+                "compute",
+                x_axis,
+                svg.Axis("TFLOP/s"),
+                width=400,
+                ref_line=peak,
+                ref_label=_peak_label(peak, "TFLOP/s"),
+            )
+        )
     legend = []
     for backend, recs in p.ok.items():
         b = recs[0]["backend"]
@@ -307,9 +422,11 @@ def _panel(p: Panel, colors: dict[str, str], is_cpu: bool, all_recs: list[dict[s
             f'<span class="lg" title="{e(title)}"><i style="background:{colors.get(backend, "#333")}"></i>'
             f"{e(backend)}{warn}</span>"
         )
-    head = f"<h4>{e(p.title)}{' <small>CPU reference</small>' if is_cpu else ''}</h4>"
+    twins = ' <span class="twins">same shapes, measured once</span>' if p.twins else ""
+    head = f"<h4>{e(p.title)}{' <small>CPU reference</small>' if is_cpu else ''}{twins}</h4>"
+    pid = f' id="{e(anchor)}"' if anchor else ""
     return (
-        f'<div class="panel">{head}<div class="legend">{"".join(legend)}</div>'
+        f'<div class="panel"{pid}>{head}<div class="legend">{"".join(legend)}</div>'
         f'<div class="charts">{"".join(charts)}</div>{_results_table(p, rows)}</div>'
     )
 
@@ -333,6 +450,16 @@ def _bw_ceiling(rows: list[Row]) -> float | None:
     """The measured bandwidth peak the metrics were computed against (gbps / pct), when recorded."""
     vals = sorted(r.gbps * 100 / r.pct_bw for r in rows if r.gbps and r.pct_bw and r.pct_bw > 0)
     return vals[len(vals) // 2] if vals else None
+
+
+def _flop_ceiling(rows: list[Row]) -> float | None:
+    """The compute peak the % of compute was taken against (TFLOP/s / pct): measured, else datasheet."""
+    vals = sorted(r.tflops * 100 / r.pct_flops for r in rows if r.tflops and r.pct_flops and r.pct_flops > 0)
+    return vals[len(vals) // 2] if vals else None
+
+
+def _peak_label(v: float | None, unit: str) -> str:
+    return f"peak {fmt_num(v)} {unit}" if v else ""
 
 
 def _wrong_points(p: Panel, recs: list[dict[str, Any]]) -> dict[str, str]:
@@ -522,6 +649,18 @@ td.why{max-width:520px;word-break:break-word}
 .note{color:#6b7280;font-size:12.5px;margin:4px 0}
 footer{color:#6b7280;font-size:12px;margin-top:22px}
 .hide{display:none}
+header a.csv{color:#93c5fd}
+.ovwrap{overflow-x:auto}
+table.ov td{white-space:nowrap;font-size:11.5px;border-bottom:none}
+table.ov tr.first td{border-top:1px solid #e3e6ea}
+table.ov td.op{white-space:normal;max-width:300px;font-weight:600}
+table.ov td.w a{color:inherit;text-decoration:none;display:block}
+table.ov td.w:hover{background:#eef4ff}
+table.ov td.w i{display:inline-block;width:9px;height:9px;border-radius:2px;margin-right:4px}
+table.ov small{color:#6b7280;font-weight:400}
+.twins{color:#6b7280;font-weight:400;font-size:12px;margin-left:8px}
+details.unmeasured{background:#fff;border:1px solid #e0e3e8;border-radius:8px;margin:14px 0;padding:6px 14px}
+details.unmeasured>summary{cursor:pointer;color:#4b5563}
 """
 
 JS = """
@@ -535,7 +674,8 @@ f.addEventListener('input',apply);p.addEventListener('change',apply);
 document.getElementById('expand').onclick=()=>ks.forEach(k=>{if(!k.classList.contains('hide'))k.open=true;});
 document.getElementById('collapse').onclick=()=>ks.forEach(k=>k.open=false);
 function openHash(){const id=decodeURIComponent(location.hash.slice(1));const el=id&&document.getElementById(id);
- if(el&&el.tagName==='DETAILS'){el.open=true;el.scrollIntoView();}}
+ if(!el)return;for(let d=el;d;d=d.parentElement){if(d.tagName==='DETAILS'){d.open=true;d.classList.remove('hide');}}
+ el.scrollIntoView();}
 window.addEventListener('hashchange',openHash);openHash();
 })();
 """

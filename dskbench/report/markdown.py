@@ -6,12 +6,22 @@ import math
 from collections.abc import Mapping
 
 from dskbench.compare import format_number
-from dskbench.report.model import CPU_NOTE, History, Machine, category_of, history, panels, status_counts
+from dskbench.report.model import (
+    CPU_NOTE,
+    History,
+    Machine,
+    category_of,
+    history,
+    is_unmeasured,
+    panels,
+    status_counts,
+)
 from dskbench.report.tables import (
     ceiling_facts,
     environment_facts,
     fmt_num,
     fmt_pct,
+    overview,
     panel_rows,
     problems,
     summary,
@@ -63,10 +73,41 @@ def _machine(m: Machine, categories: Mapping[str, str] | None, threshold: float)
     ]
     out += ["### Summary", ""]
     out += table(["category", "kernels", "cases", "backends", *STATUS_ORDER], rows, set(range(1, 8)))
+    out += _overview(m, categories)
     hist = {k: history(m, k) for k in m.kernels()}
     out += _changes(hist, threshold)
+    unmeasured = [k for k in m.kernels() if is_unmeasured(m.records(k))]
     for k in m.kernels():
-        out += _kernel(m, k, categories, hist.get(k), threshold)
+        if k not in unmeasured:
+            out += _kernel(m, k, categories, hist.get(k), threshold)
+    if unmeasured:
+        out += [f"### Not measured ({len(unmeasured)} kernels, skipped)", ""]
+        for k in unmeasured:
+            reasons = sorted({str(r.get("reason") or "") for r in m.records(k)} - {""})
+            out.append(f"- **{k}** — {'; '.join(reasons)}")
+        out.append("")
+    return out
+
+
+def _overview(m: Machine, categories: Mapping[str, str] | None) -> list[str]:
+    """The fastest correct backend per op and decode batch size: backend, median µs, % of peak."""
+    out = []
+    for t in overview(m, categories):
+        xs = [f"{t.x_var}={int(x) if float(x).is_integer() else x}" for x in t.xs]
+        rows = []
+        for r in t.rows:
+            fixed = " ".join(f"{k}={v}" for k, v in r.fixed.items())
+            cells = []
+            for x in t.xs:
+                c = r.cells.get(x)
+                pct = f" ({fmt_pct(c.pct)})" if c is not None and c.pct is not None else ""
+                if c is None:
+                    cells.append(f"no correct result ({r.failed[x]})" if x in r.failed else "")
+                else:
+                    cells.append(f"{c.backend} {fmt_num(c.median)}{pct}")
+            rows.append([f"{r.names} {fixed}".strip(), r.kernel, *cells])
+        out += [f"### Fastest correct backend at decode, by {t.x_var} (µs, % of peak)", ""]
+        out += table(["op", "kernel", *xs], rows)
     return out
 
 

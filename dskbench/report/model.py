@@ -59,12 +59,26 @@ class Panel:
     x_var: str
     fixed: dict[str, int]
     ok: dict[str, list[dict[str, Any]]]  # backend -> ok records sorted by x
+    twins: list[str] = field(default_factory=list)  # other ops of the kernel with the very same shapes
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}:{self.variant}" if self.variant else self.op
+
+    @property
+    def names(self) -> str:
+        """The op and its same-shape twins: `input_layernorm / enorm / hnorm`."""
+        return " / ".join([self.name, *self.twins])
 
     @property
     def title(self) -> str:
-        name = f"{self.op}:{self.variant}" if self.variant else self.op
-        parts = [name, "+".join(self.phases)] + [f"{k}={v}" for k, v in self.fixed.items()]
+        parts = [self.names, "+".join(self.phases)] + [f"{k}={v}" for k, v in self.fixed.items()]
         return " · ".join(parts)
+
+    def anchor(self, kernel_anchor: str) -> str:
+        """The panel's id in the page (unique within its kernel's section)."""
+        own = [self.name, "+".join(self.phases)] + [f"{k}={v}" for k, v in self.fixed.items()]
+        return f"{kernel_anchor}--{slug('-'.join(own))}"
 
     def x(self, rec: dict[str, Any]) -> float:
         return float(rec.get("point", {}).get(self.x_var, 0))
@@ -126,7 +140,59 @@ def is_plan_skip(rec: dict[str, Any]) -> bool:
     return rec["backend"].get("name") == "-" and "point" not in rec
 
 
+def kernel_anchor(machine_slug: str, kernel: str) -> str:
+    return f"{machine_slug}--{slug(kernel)}"
+
+
+def is_unmeasured(records: list[dict[str, Any]]) -> bool:
+    """A kernel with nothing measured: every record is a skip (at planning, or of every case)."""
+    return bool(records) and all(r["status"] == "skipped" for r in records)
+
+
 def panels(records: list[dict[str, Any]]) -> list[Panel]:
+    """The kernel's ok records cut into panels, identical-shape panels of different ops merged."""
+    return merge_twins(split_panels(records))
+
+
+def merge_twins(ps: list[Panel]) -> list[Panel]:
+    """Panels of different ops whose cases have the same shapes (``dims``), phases and points, shown once.
+
+    Such ops (enorm, hnorm and input_layernorm are all rmsnorm over [T, 7168]) run the same kernel on the
+    same inputs; a run measures one of them and records the others as ``shared_with`` copies. The panel
+    kept is the one measured (fewest copies); the others' names go into its title.
+    """
+    groups: dict[Any, list[Panel]] = {}
+    for p in ps:
+        groups.setdefault(_shape_key(p), []).append(p)
+    out = []
+    for p in ps:
+        group = groups[_shape_key(p)]
+        if len(group) == 1:
+            out.append(p)
+            continue
+        primary = min(group, key=lambda q: (_copies(q), group.index(q)))
+        if p is primary:
+            p.twins = sorted({q.name for q in group if q is not p} - {p.name})
+            out.append(p)
+    return out
+
+
+def _shape_key(p: Panel) -> Any:
+    cells = []
+    for backend, recs in p.ok.items():
+        for r in recs:
+            dims = r.get("dims")
+            if not isinstance(dims, dict) or not dims:
+                return ("no-dims", p.name, id(p))  # without shapes nothing can be called the same
+            cells.append((backend, tuple(sorted(r["point"].items())), tuple(sorted(map(str, dims.items())))))
+    return (tuple(p.phases), p.x_var, tuple(sorted(p.fixed.items())), frozenset(cells))
+
+
+def _copies(p: Panel) -> int:
+    return sum(1 for recs in p.ok.values() for r in recs if r.get("shared_with"))
+
+
+def split_panels(records: list[dict[str, Any]]) -> list[Panel]:
     """The kernel's ok records cut into panels: per (op, variant), x = the first varying sweep variable."""
     groups: dict[tuple[str, str | None], list[dict[str, Any]]] = defaultdict(list)
     for r in records:

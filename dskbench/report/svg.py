@@ -137,8 +137,10 @@ def line_chart(
     y_zero: bool = True,
     ref_line: float | None = None,
     y_include: tuple[float, ...] = (),
+    ref_label: str = "",
 ) -> str:
-    """An SVG line chart; `ref_line` draws a dashed level (a peak, 1.0), `y_include` widens the y range."""
+    """An SVG line chart; `ref_line` draws a dashed level (a peak, 1.0) named `ref_label`, `y_include`
+    widens the y range."""
     ml, mr, mt, mb = 56, 14, 26, 38
     pw, ph = width - ml - mr, height - mt - mb
     pts = [p for s in series for p in s.points if _finite(p.y) and (not y.log or p.y > 0)]
@@ -193,6 +195,10 @@ def line_chart(
         parts.append(f'<text class="xt" x="{xx:.1f}" y="{mt + ph + 13}">{escape(label)}</text>')
     if ref_line is not None:
         parts.append(f'<path class="ref" d="M{ml} {sy(ref_line):.1f}H{ml + pw}"/>')
+        if ref_label:
+            parts.append(
+                f'<text class="refl" x="{ml + pw - 4}" y="{sy(ref_line) - 4:.1f}">{escape(ref_label)}</text>'
+            )
     parts.append(f'<text class="xl" x="{ml + pw / 2}" y="{height - 6}">{escape(x.label)}</text>')
     parts.append(
         f'<text class="yl" transform="translate(13 {mt + ph / 2}) rotate(-90)">{escape(y.label)}</text>'
@@ -249,6 +255,7 @@ svg.chart{background:#fff;font:11px system-ui,-apple-system,"Segoe UI",Roboto,sa
 svg.chart .plot{fill:#fcfcfd;stroke:#c9ccd1}
 svg.chart .grid{stroke:#eceef1;stroke-width:1}
 svg.chart .ref{stroke:#888;stroke-dasharray:4 3}
+svg.chart .refl{text-anchor:end;fill:#666;font-size:10px}
 svg.chart .ttl{font-weight:600;font-size:12px;fill:#222}
 svg.chart .yt{text-anchor:end;fill:#555}
 svg.chart .xt{text-anchor:middle;fill:#555}

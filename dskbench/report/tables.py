@@ -264,3 +264,117 @@ def _short(v: Any) -> str:
     if isinstance(v, list | tuple):
         return ",".join(str(x) for x in v)
     return str(v)
+
+
+# -- the landing overview ------------------------------------------------------------------------------
+
+OVERVIEW_X = ("T", "B")  # the batch variables of decode: tokens, or requests (attention, sampling)
+
+
+@dataclass
+class Cell:
+    """The fastest correct backend at one point, and the others measured there (for a tooltip)."""
+
+    backend: str
+    median: float
+    pct: float | None
+    others: list[tuple[str, float]]  # (backend, median µs), fastest first
+
+
+@dataclass
+class OverviewRow:
+    kernel: str
+    category: str
+    names: str  # the op and its same-shape twins
+    fixed: dict[str, Any]
+    anchor: str  # the panel's id in the page
+    cells: dict[float, Cell]
+    failed: dict[float, str] = field(default_factory=dict)  # points measured with no correct result: status
+
+
+@dataclass
+class Overview:
+    x_var: str
+    xs: list[float]
+    rows: list[OverviewRow]
+
+
+def pct_of_bound(rec: dict[str, Any]) -> float | None:
+    """% of the peak that bounds the case (bandwidth or compute, by its roofline); else the larger one."""
+    m = rec.get("metrics") or {}
+    v = m.get("pct_of_floor")
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    vals = [x for x in pct_of_peak(m) if x is not None]
+    return max(vals) if vals else None
+
+
+def overview(machine: Machine, categories: Mapping[str, str] | None) -> list[Overview]:
+    """Per decode batch variable, one row per (kernel, op) panel: the fastest correct backend at each point.
+
+    Only decode panels swept over T or B; with other variables fixed (kv_len, tp), one row per tp and the
+    middle value of the others (the kernel's section has them all)."""
+    from dskbench.report.model import kernel_anchor, panels
+
+    chosen: dict[tuple, Panel] = {}
+    order: list[tuple] = []
+    by_key: dict[tuple, list[Panel]] = defaultdict(list)
+    kernel_of: dict[tuple, str] = {}
+    for kernel in machine.kernels():
+        for p in panels(machine.records(kernel)):
+            if "decode" not in p.phases or p.x_var not in OVERVIEW_X:
+                continue
+            key = (kernel, p.name, p.x_var, p.fixed.get("tp"))
+            if key not in by_key:
+                order.append(key)
+            by_key[key].append(p)
+            kernel_of[key] = kernel
+    for key in order:
+        cands = sorted(by_key[key], key=lambda p: tuple(sorted(p.fixed.items())))
+        chosen[key] = cands[(len(cands) - 1) // 2]
+    tables: dict[str, Overview] = {}
+    for key in order:
+        p, kernel = chosen[key], kernel_of[key]
+        per_x: dict[float, list[tuple[float, str, dict[str, Any]]]] = defaultdict(list)
+        for backend, recs in p.ok.items():
+            for r in recs:
+                if r.get("phase") == "decode":
+                    per_x[p.x(r)].append((float(r["timing"]["median_us"]), backend, r))
+        if not per_x:
+            continue
+        cells = {}
+        for x, items in per_x.items():
+            items.sort(key=lambda t: (t[0], t[1]))
+            med, backend, rec = items[0]
+            cells[x] = Cell(backend, med, pct_of_bound(rec), [(b, m) for m, b, _ in items[1:]])
+        failed: dict[float, set[str]] = defaultdict(set)
+        for r in machine.records(kernel):
+            pt = r.get("point") or {}
+            if (
+                r["status"] != "ok"
+                and r.get("phase") == "decode"
+                and (r.get("op"), r.get("variant")) == (p.op, p.variant)
+                and p.x_var in pt
+                and all(pt.get(k) == v for k, v in p.fixed.items())
+                and float(pt[p.x_var]) not in cells
+            ):
+                failed[float(pt[p.x_var])].add(r["status"])
+        first = next(iter(p.ok.values()))[0]
+        row = OverviewRow(
+            kernel,
+            category_of(kernel, categories, first),
+            p.names,
+            dict(p.fixed),
+            p.anchor(kernel_anchor(machine.slug, kernel)),
+            cells,
+            {x: "/".join(sorted(st, key=lambda q: PROBLEM_ORDER.get(q, 9))) for x, st in failed.items()},
+        )
+        tables.setdefault(p.x_var, Overview(p.x_var, [], [])).rows.append(row)
+    out = []
+    for x_var in OVERVIEW_X:
+        if x_var in tables:
+            t = tables[x_var]
+            t.xs = sorted({x for r in t.rows for x in [*r.cells, *r.failed]})
+            t.rows.sort(key=lambda r: (natural_key(r.names), r.kernel.lower(), str(r.fixed)))
+            out.append(t)
+    return out
