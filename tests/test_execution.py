@@ -63,6 +63,7 @@ def hang_clock(tmp_path, monkeypatch):
     folder = tmp_path / "hang"
     folder.mkdir()
     monkeypatch.setenv(HANG_DIR_ENV, str(folder))
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)  # the workers load fake_hang, whatever ran before
 
     def clock_for(slot):
         marker = hang_marker(folder, (slot.env or os.environ).get("CUDA_VISIBLE_DEVICES"))
