@@ -7,25 +7,14 @@ registry, for tests that must run the command line as a process (signals):
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import tests.fake_adapters  # noqa: F401 - registers the fakes
 import tests.fake_shard_adapters  # noqa: F401
 from dskbench import cli
 from dskbench.shapes import default_shapes
+from tests.fake_adapters import registry_entry as _entry
 
 FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_abort", "fake_hang")
-
-
-def _entry(name: str) -> SimpleNamespace:
-    return SimpleNamespace(
-        name=name,
-        status="benchmark",
-        status_reason="",
-        op_names=["input_layernorm"],
-        aliases=(),
-        category="test",
-    )
 
 
 def main(argv: list[str]) -> int:

@@ -8,12 +8,25 @@ from __future__ import annotations
 
 import os
 import sys
+from types import SimpleNamespace
 
 import torch
 
 from dskbench.adapters import register
 from dskbench.adapters.base import Adapter, Traffic
 from dskbench.backends import CPU_OK, SM100, Backend
+
+
+def registry_entry(name: str, status: str = "benchmark", reason: str = "") -> SimpleNamespace:
+    """A registry entry for a fake kernel: what planning reads of dskbench.registry.KernelEntry."""
+    return SimpleNamespace(
+        name=name,
+        status=status,
+        status_reason=reason,
+        op_names=["input_layernorm"],
+        aliases=(),
+        category="test",
+    )
 
 
 def _rms(x, w):

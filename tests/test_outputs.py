@@ -24,16 +24,11 @@ from dskbench.results import ResultsWriter, environment_record, read_runs, resul
 from dskbench.runner import SweepOptions
 from dskbench.selection import parse_point, repro_command
 from dskbench.shapes import default_shapes
+from tests.fake_adapters import registry_entry as _entry
 
 REPO = Path(__file__).resolve().parent.parent
 DECODE_T = default_shapes().values("decode_tokens", "cpu")
 N = len(DECODE_T)
-
-
-def _entry(name: str, ops: tuple[str, ...] = ("input_layernorm",)) -> SimpleNamespace:
-    return SimpleNamespace(
-        name=name, status="benchmark", status_reason="", op_names=list(ops), aliases=(), category="test"
-    )
 
 
 @pytest.fixture()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 
@@ -12,22 +11,12 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
 from dskbench.results import read_runs  # noqa: E402
 from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels  # noqa: E402
 from dskbench.shapes import default_shapes  # noqa: E402
+from tests.fake_adapters import registry_entry as _entry  # noqa: E402
 
 FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_raise")
 DECODE_T = default_shapes().values("decode_tokens", "cpu")  # the CPU profile's decode points
 N = len(DECODE_T)
 N_ALL = N + len(default_shapes().values("prefill_tokens", "cpu"))
-
-
-def _entry(name: str, status: str = "benchmark", reason: str = "") -> SimpleNamespace:
-    return SimpleNamespace(
-        name=name,
-        status=status,
-        status_reason=reason,
-        op_names=["input_layernorm"],
-        aliases=(),
-        category="test",
-    )
 
 
 @pytest.fixture()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,6 +20,7 @@ from dskbench.execution import cost as cost_model  # noqa: E402
 from dskbench.results import read_runs  # noqa: E402
 from dskbench.runner import SweepOptions, WorkItem, plan_sweep, run_sweep  # noqa: E402
 from dskbench.shapes import default_shapes  # noqa: E402
+from tests.fake_adapters import registry_entry as _entry  # noqa: E402
 
 DECODE_T = default_shapes().values("decode_tokens", "cpu")
 N = len(DECODE_T)
@@ -144,17 +144,6 @@ def test_cli_gpus_needs_gpus(capsys):
     assert "no CUDA GPU" in capsys.readouterr().err
     assert cli.main(["run", "--device", "cpu", "--gpus", "2", "--no-isolate"]) == cli.EXIT_USAGE
     assert "cannot be --no-isolate" in capsys.readouterr().err
-
-
-def _entry(name: str) -> SimpleNamespace:
-    return SimpleNamespace(
-        name=name,
-        status="benchmark",
-        status_reason="",
-        op_names=["input_layernorm"],
-        aliases=(),
-        category="test",
-    )
 
 
 def _fake_host(monkeypatch, visible: str) -> None:
