@@ -5,7 +5,7 @@ Run it explicitly (pyproject's testpaths keeps it out of the unit tests, which m
     pytest bench --dskbench-sweep decode --dskbench-kernel rmsnorm --benchmark-json out.json
     pytest bench --benchmark-autosave ...; later: pytest bench --benchmark-compare --benchmark-compare-fail=median:5%
 
-Tests are parametrised from the same plan as the asv suite (dskbench.suite). The first test of a kernel
+Tests are parametrised from the same plan as the asv suite (dskbench.frontends.suite). The first test of a kernel
 measures all of that kernel's selected cases in one isolated worker through the runner (the one
 measurement core); each test then replays its case's samples into pytest-benchmark (suite.replay), so
 min/median/IQR/compare are statistics of GPU time, not of the host. Without a GPU it times the torch
@@ -27,7 +27,7 @@ import pytest
 if importlib.util.find_spec("dskbench") is None:  # plain `pytest bench` in a checkout, not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dskbench import suite  # noqa: E402
+from dskbench.frontends import suite  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -140,7 +140,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
     """GPU identity next to pytest-benchmark's host info (its machine_id has no GPU in it)."""
-    from dskbench.asv_machine import read_gpus
+    from dskbench.frontends.asv_machine import read_gpus
 
     sel = _session(config).selection
     try:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dskbench import suite
+from dskbench.frontends import suite
 
 
 @pytest.mark.benchmark(timer=suite.REPLAY_CLOCK)

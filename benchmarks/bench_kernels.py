@@ -1,8 +1,8 @@
 """asv benchmarks generated from the kernel registry: one class per kernel, one param per (case, backend).
 
 Nothing is written by hand per kernel. At import this module reads the selection from environment
-variables (dskbench.suite.ASV_ENV: DSKBENCH_ASV_SWEEP=decode, DSKBENCH_ASV_KERNELS=rmsnorm,...,
-DSKBENCH_ASV_QUICK=1, DSKBENCH_DEVICE=cpu, ...) and takes the plan from dskbench.suite's on-disk cache,
+variables (dskbench.frontends.suite.ASV_ENV: DSKBENCH_ASV_SWEEP=decode, DSKBENCH_ASV_KERNELS=rmsnorm,...,
+DSKBENCH_ASV_QUICK=1, DSKBENCH_DEVICE=cpu, ...) and takes the plan from dskbench.frontends.suite's on-disk cache,
 so the process asv starts for every (benchmark, param) imports neither torch nor a kernel library.
 
 Per kernel class:
@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dskbench import suite
+from dskbench.frontends import suite
 
 try:
     from asv_runner.benchmarks.mark import SkipNotImplemented

@@ -1,3 +1,3 @@
-from dskbench.cli import main
+from dskbench.frontends.cli import main
 
 raise SystemExit(main())

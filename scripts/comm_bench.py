@@ -47,7 +47,7 @@ from typing import Any
 
 # DSKBENCH_NO_MULTICAST=1: NVLink multicast off in every rank, set before torch, NCCL or torch's symmetric
 # memory read it (for GPUs shared with other tenants); else as the host has it. The same values as
-# dskbench.environment.NO_MULTICAST_ENV (a test checks); the environment record says which.
+# dskbench.results.environment.NO_MULTICAST_ENV (a test checks); the environment record says which.
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -217,7 +217,7 @@ def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
     """(kernel, backends, cases) for this world size; raises ValueError on an unknown backend."""
     from dskbench.adapters import get_adapter
     from dskbench.adapters.comm import comm_cases
-    from dskbench.shapes import default_shapes
+    from dskbench.shapes.cases import default_shapes
 
     shapes = default_shapes()
     profile = "quick" if args.quick else "full"
@@ -243,7 +243,7 @@ def check_out(out: Path, resume: bool) -> None:
     """--out must be new or a dskbench results file (and readable, to resume from): checked by every
     process before any starts a process group, so that no rank is left waiting for one that refused.
     Raises ResultsError (a ValueError) naming the file."""
-    from dskbench.results import prepare_append, read_runs
+    from dskbench.results.io import prepare_append, read_runs
 
     prepare_append(out, repair=False)  # rank 0's writer cuts an unfinished last line, and says so
     if resume and out.exists():
@@ -603,15 +603,15 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
     import torch.distributed as dist
 
     from dskbench.adapters import get_adapter
+    from dskbench.adapters.backends import DeviceInfo, Unavailable, resolve
     from dskbench.adapters.comm import RANK_SETUPS, RankContext
-    from dskbench.backends import DeviceInfo, Unavailable, resolve
-    from dskbench.environment import environment, new_run_id
     from dskbench.execution.case import backend_block
     from dskbench.execution.gate import skip_reason
     from dskbench.execution.items import SweepOptions, sweep_seed
     from dskbench.execution.sweep import SweepSummary, recording
     from dskbench.measure.collective import Agreement
-    from dskbench.results import finished_cases, read_runs
+    from dskbench.results.environment import environment, new_run_id
+    from dskbench.results.io import finished_cases, read_runs
 
     t0 = time.monotonic()
     # collectives give up after the longest phase the watchdog allows (it should act first)
@@ -963,7 +963,7 @@ def run_child(
 
 def file_state(out: Path, resume: bool) -> tuple[set[str], set[tuple[str, str]]]:
     """The runs `out` holds, and the cases a torchrun started now skips (with --resume: finished_cases)."""
-    from dskbench.results import finished_cases, read_runs
+    from dskbench.results.io import finished_cases, read_runs
 
     if not out.exists():
         return set(), set()
@@ -984,7 +984,7 @@ def record_lost_case(
     when the torchrun wrote no run (it measured nothing), or when its last record is a time-out (its
     watchdog recorded the hang and ended the ranks)."""
     from dskbench.execution.sweep import Recorder
-    from dskbench.results import ResultsError, ResultsWriter, read_runs
+    from dskbench.results.io import ResultsError, ResultsWriter, read_runs
 
     run_ids, done = before
     label = f"{plan.kernel} · {backend.name}"

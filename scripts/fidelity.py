@@ -142,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     import triton.testing
 
     from dskbench import measure as core
-    from dskbench.backends import DeviceInfo
-    from dskbench.registry import load_registry
-    from dskbench.runner import prepare_case
-    from dskbench.shapes import default_shapes
+    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.execution.runner import prepare_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
 
     device = DeviceInfo.detect("cuda")
     if device.kind != "cuda":
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 r[f"{mode}_delta_us"] = ours - ref
                 r[f"{mode}_delta_pct"] = 100 * (ours - ref) / ref
                 r[f"{mode}_within_target"] = abs(ours - ref) <= (0.03 * ref if ref >= 5 else 0.3)
-    from dskbench.environment import environment
+    from dskbench.results.environment import environment
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"environment": environment(device), "launch_gap": gap, "rows": rows}

@@ -35,8 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dskbench.compare import compare  # noqa: E402
-from dskbench.compare_inputs import Key, load_side  # noqa: E402
+from dskbench.analysis.compare import compare  # noqa: E402
+from dskbench.analysis.compare_inputs import Key, load_side  # noqa: E402
 
 DEFAULTS = {
     "cuda": {"kernels": ["rmsnorm", "dsv3_fused_a_gemm"], "backends": ["sgl_kernel", "torch.linear"]},

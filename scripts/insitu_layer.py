@@ -2,7 +2,7 @@
 
 The estimate of `dskbench pick` adds up kernels timed one at a time. Here, for each batch size, the
 kernels pick chose for one MoE (or dense) decoder layer are prepared with the adapters
-(dskbench.runner.prepare_case: inputs built, output checked against the reference), then timed with the
+(dskbench.execution.runner.prepare_case: inputs built, output checked against the reference), then timed with the
 measurement core (dskbench.measure.measure, same settings for all):
   1. each kernel alone, and
   2. the whole sequence in execution order as one launcher, so the core captures it in one CUDA graph;
@@ -52,9 +52,9 @@ def one_point(
 ) -> dict[str, Any]:
     import torch
 
+    from dskbench.execution.runner import prepare_case
     from dskbench.measure import measure
-    from dskbench.runner import prepare_case
-    from dskbench.shapes import Case
+    from dskbench.shapes.cases import Case
 
     steps, missing = layer_kernels(picker, batch, args.kv_len, args.layer)
     # (case_id, backend) -> Prepared: a kernel called twice in the layer is built once
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/insitu-layer.json"))
     args = ap.parse_args(argv)
 
-    from dskbench.backends import DeviceInfo
+    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.analysis.pick import load_runs, pick
     from dskbench.measure import MeasureSettings
-    from dskbench.pick import load_runs, pick
 
     device = DeviceInfo.detect("cuda")
     if device.kind != "cuda":
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     picker = result.phases[0].picker
     args.kv_len = result.kv_len
     settings = MeasureSettings()  # no launch-gap correction on either side: layer and parts alike
-    from dskbench.environment import environment
+    from dskbench.results.environment import environment
 
     out: dict[str, Any] = {
         "environment": environment(device),  # date, GPU, clocks' context, versions, commit

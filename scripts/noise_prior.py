@@ -1,12 +1,12 @@
-"""Fit dskbench's band prior (dskbench/noise_prior.json) from committed pairs of unchanged runs.
+"""Fit dskbench's band prior (dskbench/analysis/noise_prior.json) from committed pairs of unchanged runs.
 
-    python scripts/noise_prior.py                       # the committed pairs -> dskbench/noise_prior.json
+    python scripts/noise_prior.py                       # the committed pairs -> dskbench/analysis/noise_prior.json
     python scripts/noise_prior.py --pair NAME A B ... --out FILE
 
 Each pair is two back-to-back runs of the same code on one machine. For every case measured ok in both
 (``shared_with`` copies left out: one measurement counts once) the run-to-run change of the median and
 of the p10 is taken before the launch gap was subtracted; per latency band the prior's floor is the
-0.999 quantile of |change| (dskbench.noise.fit_prior). The default pairs are the committed ones measured
+0.999 quantile of |change| (dskbench.analysis.noise.fit_prior). The default pairs are the committed ones measured
 with the default settings (cold, L2 flush written); results/h200x4-2026-11-21/r2r-read-* used the
 experimental read flush and are left out.
 """
@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dskbench.compare_inputs import Key, Settings, Side, device_name, load_side  # noqa: E402
-from dskbench.noise import PRIOR_FILE, QUANTILE, PairChanges, fit_prior, pair_changes  # noqa: E402
-from dskbench.results import read_runs  # noqa: E402
+from dskbench.analysis.compare_inputs import Key, Settings, Side, device_name, load_side  # noqa: E402
+from dskbench.analysis.noise import PRIOR_FILE, QUANTILE, PairChanges, fit_prior, pair_changes  # noqa: E402
+from dskbench.results.io import read_runs  # noqa: E402
 
 DEFAULT_PAIRS = (
     ("h200 r2r", "results/h200-2026-11-21/r2r-1.jsonl.gz", "results/h200-2026-11-21/r2r-2.jsonl.gz"),

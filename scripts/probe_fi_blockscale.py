@@ -27,10 +27,10 @@ def main() -> int:
     import torch
     from flashinfer.gemm import fp8_blockscale_gemm_sm90 as fn
 
-    from dskbench import fp8
+    from dskbench.adapters.backends import DeviceInfo
     from dskbench.adapters.base import rel_error
-    from dskbench.backends import DeviceInfo
-    from dskbench.environment import environment
+    from dskbench.adapters.common import fp8
+    from dskbench.results.environment import environment
 
     rows = []
     for m, n, k in ((1, 2112, 7168), (2, 2112, 7168), (4, 2112, 7168), (64, 7168, 2048), (512, 2112, 7168)):

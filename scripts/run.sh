@@ -15,13 +15,13 @@ step python3 -m dskbench registry generate --check
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="results/run-$stamp.jsonl"
 if [ "$DSKBENCH_GPU" = 1 ]; then
-    step python3 -m dskbench.stack cuda  # one line on a driver / CUDA / torch mismatch, exit 1
+    step python3 -m dskbench.setup.stack cuda  # one line on a driver / CUDA / torch mismatch, exit 1
     if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then
-        echo "+ python3 -m dskbench run --dry-run --quick $* | python3 -m dskbench.mainjob eta"
+        echo "+ python3 -m dskbench run --dry-run --quick $* | python3 -m dskbench.setup.mainjob eta"
         warm=("$@")
     else
-        python3 -m dskbench run --dry-run --quick "$@" | python3 -m dskbench.mainjob eta
-        mapfile -d '' warm < <(python3 -m dskbench.mainjob warm-args "$@")
+        python3 -m dskbench run --dry-run --quick "$@" | python3 -m dskbench.setup.mainjob eta
+        mapfile -d '' warm < <(python3 -m dskbench.setup.mainjob warm-args "$@")
     fi
     step python3 -m dskbench warm --gpus all "${warm[@]}"
 fi

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dskbench.measure.stats import quantile  # noqa: E402
-from dskbench.results import read_runs  # noqa: E402
+from dskbench.results.io import read_runs  # noqa: E402
 
 BANDS = ((0.0, 5.0), (5.0, 20.0), (20.0, 100.0), (100.0, 1000.0), (1000.0, float("inf")))
 

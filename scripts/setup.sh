@@ -16,17 +16,17 @@ _step() {
     if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi
 }
 DSKBENCH_GPU=0
-if python3 -m dskbench.stack gpu; then DSKBENCH_GPU=1; fi
+if python3 -m dskbench.setup.stack gpu; then DSKBENCH_GPU=1; fi
 export DSKBENCH_GPU
 use_system="${DSKBENCH_USE_SYSTEM_PYTHON:-0}"
-if [ "$DSKBENCH_GPU" = 1 ] && [ "$use_system" != 1 ] && python3 -m dskbench.stack check >/dev/null 2>&1; then
+if [ "$DSKBENCH_GPU" = 1 ] && [ "$use_system" != 1 ] && python3 -m dskbench.setup.stack check >/dev/null 2>&1; then
     echo "setup: $(command -v python3) has the pinned GPU stack: installing dskbench into it" >&2
     use_system=1
-elif [ "$DSKBENCH_GPU" = 1 ] && [ "$use_system" = 1 ] && ! python3 -m dskbench.stack check >&2; then
+elif [ "$DSKBENCH_GPU" = 1 ] && [ "$use_system" = 1 ] && ! python3 -m dskbench.setup.stack check >&2; then
     echo "setup: DSKBENCH_USE_SYSTEM_PYTHON=1: using it although it differs from the pinned stack" >&2
 fi
 if [ "$use_system" = 1 ]; then
-    python3 -m dskbench.stack tools  # its own setuptools builds dskbench: one line if it cannot
+    python3 -m dskbench.setup.stack tools  # its own setuptools builds dskbench: one line if it cannot
     _step python3 -m pip install -q --no-deps --no-build-isolation -e .
     return 0 2>/dev/null || exit 0
 fi

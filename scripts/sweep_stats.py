@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dskbench.results import read_runs  # noqa: E402
+from dskbench.results.io import read_runs  # noqa: E402
 
 JIT_S = 1.0
 

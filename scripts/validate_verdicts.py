@@ -12,9 +12,9 @@ and reports:
    reliably per band, and any non-injected case flagged.
 
 Each check runs with three band priors, to keep the validation honest about circularity:
-``held-out`` is fitted (dskbench.noise.fit_prior) from the three committed pairs that are NOT the
+``held-out`` is fitted (dskbench.analysis.noise.fit_prior) from the three committed pairs that are NOT the
 validation pair (h200 r2r, h200x2 r2r, h200x4 r2r-write); ``h200-only`` from the single-GPU H200 pair
-alone; ``shipped`` is dskbench/noise_prior.json, which includes the validation pair itself (in-sample:
+alone; ``shipped`` is dskbench/analysis/noise_prior.json, which includes the validation pair itself (in-sample:
 shown for reference, not as evidence). The targets are judged on ``held-out``.
 """
 
@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from noise_prior import DEFAULT_PAIRS, pair  # noqa: E402
 
-from dskbench.compare import Comparison, compare  # noqa: E402
-from dskbench.compare_inputs import Key, Side, add_runs, device_name  # noqa: E402
-from dskbench.noise import BAND_EDGES_US, PRIOR_FILE, Prior, band_index, fit_prior, load_prior  # noqa: E402
-from dskbench.results import Run, read_runs  # noqa: E402
+from dskbench.analysis.compare import Comparison, compare  # noqa: E402
+from dskbench.analysis.compare_inputs import Key, Side, add_runs, device_name  # noqa: E402
+from dskbench.analysis.noise import BAND_EDGES_US, PRIOR_FILE, Prior, band_index, fit_prior, load_prior  # noqa: E402
+from dskbench.results.io import Run, read_runs  # noqa: E402
 
 A = ROOT / "results/h200x4-2026-11-21/sweep-a.jsonl.gz"
 B = ROOT / "results/h200x4-2026-11-21/sweep-b.jsonl.gz"

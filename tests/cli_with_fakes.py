@@ -10,8 +10,8 @@ import sys
 
 import tests.fake_adapters  # noqa: F401 - registers the fakes
 import tests.fake_shard_adapters  # noqa: F401
-from dskbench import cli
-from dskbench.shapes import default_shapes
+from dskbench.frontends import cli
+from dskbench.shapes.cases import default_shapes
 from tests.fake_adapters import registry_entry as _entry
 
 FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_abort", "fake_hang")

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 import dskbench.adapters as registry
-from dskbench.backends import Backend
+from dskbench.adapters.backends import Backend
 
 ENV = "DSKBENCH_TEST_DELAYS"
 

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import torch
 
 from dskbench.adapters import register
+from dskbench.adapters.backends import CPU_OK, SM100, Backend
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.backends import CPU_OK, SM100, Backend
 
 
 def registry_entry(name: str, status: str = "benchmark", reason: str = "") -> SimpleNamespace:
-    """A registry entry for a fake kernel: what planning reads of dskbench.registry.KernelEntry."""
+    """A registry entry for a fake kernel: what planning reads of dskbench.registry.load.KernelEntry."""
     return SimpleNamespace(
         name=name,
         status=status,
@@ -79,7 +79,9 @@ def _bind_raise(fn, inputs, case):
 
 
 def _fake(name: str, binder) -> Backend:
-    return Backend(name, "dskbench.shapes:Case", None, "torch", binder, requires=CPU_OK, capturable=False)
+    return Backend(
+        name, "dskbench.shapes.cases:Case", None, "torch", binder, requires=CPU_OK, capturable=False
+    )
 
 
 @register
@@ -87,7 +89,7 @@ class FakeOk(_FakeNorm):
     kernel = "fake_ok"
     backends = [
         _fake("fake", _bind_ok),
-        Backend("b200", "dskbench.shapes:Case", None, "aot", _bind_ok, requires=SM100),
+        Backend("b200", "dskbench.shapes.cases:Case", None, "aot", _bind_ok, requires=SM100),
     ]
 
 

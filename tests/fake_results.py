@@ -3,7 +3,7 @@
 The scenario: two H200 runs at two commits (rmsnorm/sgl_kernel 25% slower in the second, silu_and_mul
 /flashinfer 15% faster, silu_and_mul/sglang_jit broken), one B200 run, one CPU reference run; every
 status (ok, wrong, skipped, error), a throttled case, a non-converged case and a planning-time skip.
-Records go through dskbench.results so they satisfy the real schema.
+Records go through dskbench.results.io so they satisfy the real schema.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from dskbench.measure.metrics import metrics
 from dskbench.measure.peaks import datasheet_peaks
-from dskbench.results import Run, environment_record, result_record, validate_record
+from dskbench.results.io import Run, environment_record, result_record, validate_record
 
 H = 7168  # hidden size
 I_TP = 2048  # MoE intermediate per expert (shared expert, TP 1)

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from dskbench.adapters import register
+from dskbench.adapters.backends import CPU_OK, Backend
 from dskbench.adapters.base import Check
-from dskbench.backends import CPU_OK, Backend
 from tests.fake_adapters import _bind_ok, _FakeNorm
 
 
@@ -21,7 +21,9 @@ from tests.fake_adapters import _bind_ok, _FakeNorm
 class FakeEnv(_FakeNorm):
     kernel = "fake_env"
     backends = [
-        Backend("fake", "dskbench.shapes:Case", None, "torch", _bind_ok, requires=CPU_OK, capturable=False)
+        Backend(
+            "fake", "dskbench.shapes.cases:Case", None, "torch", _bind_ok, requires=CPU_OK, capturable=False
+        )
     ]
 
     def check(self, out, ref, case):
@@ -55,5 +57,7 @@ def _bind_hang(fn, inputs, case):
 class FakeHang(_FakeNorm):
     kernel = "fake_hang"
     backends = [
-        Backend("fake", "dskbench.shapes:Case", None, "torch", _bind_hang, requires=CPU_OK, capturable=False)
+        Backend(
+            "fake", "dskbench.shapes.cases:Case", None, "torch", _bind_hang, requires=CPU_OK, capturable=False
+        )
     ]

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from dskbench.adapters.backends import Backend
 from dskbench.adapters.norm import RMSNormAdapter
-from dskbench.backends import Backend
 
 _kernels: dict[str, Any] = {}
 

@@ -15,7 +15,7 @@ SHAPES = REPO / "shapes" / "deepseek_r1_nvfp4.yaml"
 
 
 def write_registry(root: Path, entries: dict[str, str]) -> None:
-    """A kernels_registry/ in the format dskbench.registry writes (only the fields it reads)."""
+    """A kernels_registry/ in the format dskbench.registry.load writes (only the fields it reads)."""
     reg = root / "kernels_registry"
     reg.mkdir(parents=True, exist_ok=True)
     for name, status in entries.items():

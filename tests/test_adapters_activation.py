@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters._smallops import SGLANG_SM90
-from dskbench.backends import KINDS
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.backends import KINDS
+from dskbench.adapters.common.inputs import SGLANG_SM90
+from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
 KERNELS = ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dskbench.adapters import adapters
-from dskbench.backends import KINDS, DeviceInfo
-from dskbench.registry import load_registry
-from dskbench.shapes import default_shapes
+from dskbench.adapters.backends import KINDS, DeviceInfo
+from dskbench.registry.load import load_registry
+from dskbench.shapes.cases import default_shapes
 
 REGISTRY = load_registry()
 SHAPES = default_shapes()

@@ -12,8 +12,8 @@ import torch
 
 from dskbench.adapters import adapters, get_adapter
 from dskbench.adapters import attention as A
-from dskbench.backends import SM100
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.backends import SM100
+from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
 TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$")

@@ -9,7 +9,7 @@ import torch
 
 from dskbench.adapters import adapters, get_adapter
 from dskbench.adapters import gemm as G
-from dskbench.shapes import Case, default_shapes
+from dskbench.shapes.cases import Case, default_shapes
 
 KERNELS = (
     "int8_scaled_mm",

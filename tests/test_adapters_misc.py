@@ -7,7 +7,7 @@ import torch
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters import misc as M
-from dskbench.backends import Unavailable
+from dskbench.adapters.backends import Unavailable
 
 
 def test_host_functions_have_no_adapter():

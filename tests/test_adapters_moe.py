@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from dskbench import fp8
 from dskbench.adapters import adapters, get_adapter
 from dskbench.adapters import moe as M
-from dskbench.backends import SM90_ONLY, SM100
-from dskbench.routing_inputs import (
+from dskbench.adapters.backends import SM90_ONLY, SM100
+from dskbench.adapters.common import fp8
+from dskbench.adapters.common.routing import (
     active_experts,
     deepseek_routing,
     expert_counts,
@@ -21,7 +21,7 @@ from dskbench.routing_inputs import (
     routing_margin,
     sorted_by_expert,
 )
-from dskbench.shapes import Case, default_shapes
+from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
 TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$")

@@ -11,7 +11,7 @@ import torch
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters import nsa as NSA
-from dskbench.shapes import Case, default_shapes
+from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
 

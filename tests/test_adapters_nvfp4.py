@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from dskbench import nvfp4 as fp4
 from dskbench.adapters import adapters, get_adapter
 from dskbench.adapters import nvfp4 as A
-from dskbench.backends import DeviceInfo
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.backends import DeviceInfo
+from dskbench.adapters.common import nvfp4 as fp4
+from dskbench.shapes.cases import Case, default_shapes
 
 KERNELS = (
     "cutlass_scaled_fp4_mm",

@@ -11,9 +11,9 @@ import torch
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters import rope as R
-from dskbench.adapters._smallops import FP8, SGLANG_SM90
-from dskbench.backends import KINDS
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.backends import KINDS
+from dskbench.adapters.common.inputs import FP8, SGLANG_SM90
+from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
 TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$")

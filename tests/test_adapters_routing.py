@@ -10,8 +10,8 @@ import torch
 
 from dskbench.adapters import adapters, get_adapter
 from dskbench.adapters import routing as R
-from dskbench.routing_inputs import deepseek_routing
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.common.routing import deepseek_routing
+from dskbench.shapes.cases import Case, default_shapes
 
 KERNELS = ("moe_fused_gate", "topk_softmax", "topk_sigmoid")
 TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$")

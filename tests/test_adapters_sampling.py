@@ -10,9 +10,9 @@ import torch
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters import sampling as S
-from dskbench.adapters._smallops import SGLANG_SM90
-from dskbench.backends import KINDS
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.backends import KINDS
+from dskbench.adapters.common.inputs import SGLANG_SM90
+from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
 TARGET = re.compile(r"^(torch\.ops(\.\w+){3}|[A-Za-z_]\w*(\.\w+)*:\w+(\.\w+)*)$")

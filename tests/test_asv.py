@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dskbench import asv_machine, suite
-from dskbench.results import read_runs
+from dskbench.frontends import asv_machine, suite
+from dskbench.results.io import read_runs
 from tests.suite_helpers import REPO, make_fake_root
 
 # -- machine file ----------------------------------------------------------------------------------------
@@ -239,7 +239,11 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     env = suite.child_env()
     env.update(HOME=str(tmp_path), ASV_PYTHONPATH=str(REPO))  # asv drops PYTHONPATH; HOME: machine file
     machine = subprocess.run(
-        [sys.executable, "-m", "dskbench.asv_machine"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "dskbench.frontends.asv_machine"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
 
     p = _asv(["check", "-E", f"existing:{sys.executable}"], work, env)
@@ -292,7 +296,7 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     assert (tmp_path / "html" / "index.json").is_file()
     assert os.path.isdir(tmp_path / "html" / "graphs")
     # ...and the site works offline: every CDN script/stylesheet asv names has a vendored copy
-    from dskbench.asv_offline import main as offline
+    from dskbench.frontends.asv_offline import main as offline
 
     assert offline([str(tmp_path / "html")]) == 0
     page = (tmp_path / "html" / "index.html").read_text()
@@ -302,7 +306,7 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
 
 
 def test_asv_offline_leaves_unknown_resources_and_says_so(tmp_path, capsys):
-    from dskbench.asv_offline import main as offline
+    from dskbench.frontends.asv_offline import main as offline
 
     assert offline([str(tmp_path)]) == 2  # nothing published there
     assert "run `asv publish` first" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from dskbench.backends import (
+from dskbench.adapters.backends import (
     SM100,
     Backend,
     DeviceInfo,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dskbench import suite
-from dskbench.results import read_runs
+from dskbench.frontends import suite
+from dskbench.results.io import read_runs
 from tests.suite_helpers import REPO, make_fake_root, run_pytest, write_registry
 
 
@@ -24,7 +24,7 @@ import os, time
 import torch
 from dskbench.adapters import register
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.backends import SM100, Backend
+from dskbench.adapters.backends import SM100, Backend
 
 @register
 class FakeSleep(Adapter):

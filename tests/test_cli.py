@@ -11,10 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from dskbench import cli, paths
+from dskbench import paths
 from dskbench.adapters import register
 from dskbench.adapters.base import Adapter
-from dskbench.shapes import default_shapes
+from dskbench.frontends import cli
+from dskbench.shapes.cases import default_shapes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,7 +72,7 @@ def _planned(capsys) -> list[str]:
 
 def _results_file(path, cases: dict[str, str], **settings) -> bytes:
     """A results file holding one run of RMSNORM with these cases' statuses; its bytes."""
-    from dskbench.results import ResultsWriter, environment_record, result_record
+    from dskbench.results.io import ResultsWriter, environment_record, result_record
 
     env = {"created": "2026-11-21T00:00:00+00:00", "device": {"kind": "cpu"}, "versions": {}}
     with ResultsWriter(path) as w:
@@ -159,7 +160,7 @@ def test_resume_after_a_killed_write_repairs_the_file_and_reruns_the_lost_case(t
     assert cli.main([*run, "--resume"]) == 0
     err = capsys.readouterr().err
     assert f"dskbench: {out}: cut off its unfinished last line (50 bytes" in err
-    from dskbench.results import read_runs
+    from dskbench.results.io import read_runs
 
     assert out.read_bytes().startswith(cut[:-50])
     lines = out.read_text().splitlines()

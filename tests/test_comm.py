@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dskbench import shard
+from dskbench.adapters.backends import DeviceInfo
 from dskbench.adapters.comm import (
     RANK_SETUPS,
     CustomAllReduce,
@@ -28,13 +28,13 @@ from dskbench.adapters.comm import (
     busbw_gbps,
     comm_cases,
 )
-from dskbench.backends import DeviceInfo
-from dskbench.environment import multicast_block
+from dskbench.execution import shard
+from dskbench.execution.runner import SweepOptions, WorkItem, plan_sweep, prepare_case, run_one
 from dskbench.measure.collective import Agreement, measure_collective
-from dskbench.registry import load_registry
-from dskbench.results import read_runs
-from dskbench.runner import SweepOptions, WorkItem, plan_sweep, prepare_case, run_one
-from dskbench.shapes import Case, default_shapes
+from dskbench.registry.load import load_registry
+from dskbench.results.environment import multicast_block
+from dskbench.results.io import read_runs
+from dskbench.shapes.cases import Case, default_shapes
 from tests.test_measure_cuda_sim import KERNEL_US, SETTINGS, launchers, sim  # noqa: F401 - the fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -799,7 +799,7 @@ def test_driver_reason_names_the_rank_torchrun_lost(monkeypatch, tmp_path):
 FAKE_TORCHRUN = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from dskbench.results import ResultsWriter, environment_record, result_record
+from dskbench.results.io import ResultsWriter, environment_record, result_record
 mode, ready, argv = sys.argv[2], sys.argv[3], sys.argv[4:]
 out = argv[argv.index("--out") + 1]
 if mode == "nothing":

@@ -1,4 +1,4 @@
-"""dskbench compare: the rule (dskbench.verdict), the noise model (dskbench.noise), once-per-measurement
+"""dskbench compare: the rule (dskbench.analysis.verdict), the noise model (dskbench.analysis.noise), once-per-measurement
 counting, several runs per side, our results and asv's, the CLI contract and bad input."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import pytest
 from fake_results import COMMIT_A, COMMIT_B, fake_runs, write_runs
 
 from dskbench import paths
-from dskbench.cli import main as cli_main
-from dskbench.compare import Key, Stat, cli_compare, compare, judge, load_stats, mann_whitney_p
-from dskbench.compare_inputs import load_side
-from dskbench.noise import (
+from dskbench.analysis.compare import Key, Stat, cli_compare, compare, judge, load_stats, mann_whitney_p
+from dskbench.analysis.compare_inputs import load_side
+from dskbench.analysis.noise import (
     Band,
     PairChanges,
     Prior,
@@ -25,7 +24,8 @@ from dskbench.noise import (
     floor_for,
     load_prior,
 )
-from dskbench.results import Run, environment_record, result_record
+from dskbench.frontends.cli import main as cli_main
+from dskbench.results.io import Run, environment_record, result_record
 
 REPO = paths.REPO_ROOT
 H200X4 = REPO / "results" / "h200x4-2026-11-21"
@@ -187,7 +187,7 @@ def test_fit_prior_takes_band_quantiles_inherits_thin_bands_and_measures_the_spr
 
 
 def test_shipped_prior_is_what_scripts_noise_prior_writes(tmp_path: Path):
-    """dskbench/noise_prior.json is data derived from the committed pairs, not hand-typed numbers."""
+    """dskbench/analysis/noise_prior.json is data derived from the committed pairs, not hand-typed numbers."""
     sys.path.insert(0, str(REPO / "scripts"))
     import noise_prior
 
@@ -195,7 +195,7 @@ def test_shipped_prior_is_what_scripts_noise_prior_writes(tmp_path: Path):
     assert noise_prior.main(["--out", str(out)]) == 0
     fresh, shipped = (
         json.loads(out.read_text()),
-        json.loads((REPO / "dskbench" / "noise_prior.json").read_text()),
+        json.loads((REPO / "dskbench" / "analysis" / "noise_prior.json").read_text()),
     )
     assert fresh["bands"] == shipped["bands"] and fresh["pairs"] == shipped["pairs"]
     assert load_prior().bands[0].median_floor == shipped["bands"][0]["median_floor"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dskbench.results import ResultsWriter, environment_record, read_runs, result_record
+from dskbench.results.io import ResultsWriter, environment_record, read_runs, result_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,7 +161,7 @@ def _plan(name: str, out: Path, **env: str) -> tuple[list[list[str]], list[str]]
 @pytest.mark.parametrize("gpus", ["1", "2", "4"])
 def test_sweep_plan_runs_commands_that_exist(tmp_path, gpus):
     """Every dskbench command of the plan parses as dskbench's own; every script it names exists."""
-    from dskbench.cli import build_parser
+    from dskbench.frontends.cli import build_parser
 
     cmds, lines = _plan("sweep.sh", tmp_path / "o", EVIDENCE_GPUS=gpus)
     names = [ln.split()[1] for ln in lines]

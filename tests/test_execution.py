@@ -22,16 +22,16 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
 import tests.fake_adapters  # noqa: E402,F401
 import tests.fake_shard_adapters  # noqa: E402,F401
-from dskbench import warm  # noqa: E402
-from dskbench.backends import DeviceInfo  # noqa: E402
+from dskbench.adapters.backends import DeviceInfo  # noqa: E402
 from dskbench.execution import case as case_mod  # noqa: E402
 from dskbench.execution import pool as pool_mod  # noqa: E402
+from dskbench.execution import warm  # noqa: E402
 from dskbench.execution.items import SweepOptions  # noqa: E402
 from dskbench.execution.limits import FIRST_USE_S, FLOOR_S, CaseLimits, LimitError, timeout_from_env  # noqa: E402
 from dskbench.execution.process import death_reason, last_words  # noqa: E402
-from dskbench.results import read_runs  # noqa: E402
-from dskbench.runner import plan_sweep, run_sweep  # noqa: E402
-from dskbench.shapes import default_shapes  # noqa: E402
+from dskbench.execution.runner import plan_sweep, run_sweep  # noqa: E402
+from dskbench.results.io import read_runs  # noqa: E402
+from dskbench.shapes.cases import default_shapes  # noqa: E402
 from tests.fake_shard_adapters import HANG_DIR_ENV, hang_marker  # noqa: E402
 from tests.test_shard import _entry, _fake_host  # noqa: E402
 
@@ -294,7 +294,7 @@ def test_a_runs_recorder_writes_through_one_writer_and_drops_reports_after_the_r
     """sweep.recording: the sweep's and comm_bench's rank 0's way to a results file."""
     from dskbench.execution.items import WorkItem
     from dskbench.execution.sweep import recording
-    from dskbench.shapes import Case
+    from dskbench.shapes.cases import Case
 
     item = WorkItem(0, "k", "b", Case("k", "op", "decode", {"T": 1}, {"T": 1}).to_json())
     env = {"run_id": "r1", "created": "now", "device": {"kind": "cpu"}, "versions": {}}

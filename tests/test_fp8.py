@@ -1,11 +1,11 @@
-"""dskbench.fp8: quantisation granularities, scale layouts and their inverses (CPU)."""
+"""dskbench.adapters.common.fp8: quantisation granularities, scale layouts and their inverses (CPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dskbench import fp8
+from dskbench.adapters.common import fp8
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -14,7 +14,7 @@ import pytest
 
 from dskbench import paths
 from dskbench.adapters import get_adapter
-from dskbench.shapes import Case
+from dskbench.shapes.cases import Case
 
 REPO = paths.REPO_ROOT
 

@@ -1,4 +1,4 @@
-"""dskbench.nvfp4: the NVFP4/MXFP4 format, checked against hand-computed values (CPU)."""
+"""dskbench.adapters.common.nvfp4: the NVFP4/MXFP4 format, checked against hand-computed values (CPU)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from dskbench import nvfp4 as fp4
+from dskbench.adapters.common import nvfp4 as fp4
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 

@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 
 import tests.fake_adapters  # noqa: F401 - registers the fake kernels in this process
-from dskbench import cli
-from dskbench.progress import Progress
-from dskbench.results import ResultsWriter, environment_record, read_runs, result_record
-from dskbench.runner import SweepOptions
-from dskbench.selection import parse_point, repro_command
-from dskbench.shapes import default_shapes
+from dskbench.execution.progress import Progress
+from dskbench.execution.runner import SweepOptions
+from dskbench.execution.selection import parse_point, repro_command
+from dskbench.frontends import cli
+from dskbench.results.io import ResultsWriter, environment_record, read_runs, result_record
+from dskbench.shapes.cases import default_shapes
 from tests.fake_adapters import registry_entry as _entry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,7 +225,7 @@ def test_every_record_carries_a_repro_that_selects_exactly_its_case(tmp_path, fa
 
 def test_the_repro_of_every_op_variant_and_sweep_selects_exactly_its_case(monkeypatch):
     """Over the real registry's CPU plan: one case per (op, variant, sweep), tp points included."""
-    monkeypatch.setattr("dskbench.registry.drift_message", lambda *a, **k: None)  # checked elsewhere
+    monkeypatch.setattr("dskbench.registry.load.drift_message", lambda *a, **k: None)  # checked elsewhere
     reg, shapes = cli._registry_and_shapes()
     args = cli.build_parser().parse_args(["run", "--device", "cpu", "--sweep", "all"])
     opts = SweepOptions(device="cpu", phases=cli.SWEEPS, profile="cpu", budget_s=0.2)

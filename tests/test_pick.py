@@ -9,13 +9,13 @@ import re
 import pytest
 
 from dskbench import paths
-from dskbench.compare import format_number
-from dskbench.pick import Picker, ResultIndex, Total, cli_pick, combine, load_runs, pick
-from dskbench.pick_data import DeploymentError, load_deployment
-from dskbench.pick_render import render_html, render_json, render_markdown, total_text
-from dskbench.results import Run, environment_record, result_record
-from dskbench.shapes import default_shapes
-from dskbench.verdict import Stat, judge, mann_whitney_p
+from dskbench.analysis.compare import format_number
+from dskbench.analysis.pick import Picker, ResultIndex, Total, cli_pick, combine, load_runs, pick
+from dskbench.analysis.pick_data import DeploymentError, load_deployment
+from dskbench.analysis.verdict import Stat, judge, mann_whitney_p
+from dskbench.report.pick_page import render_html, render_json, render_markdown, total_text
+from dskbench.results.io import Run, environment_record, result_record
+from dskbench.shapes.cases import default_shapes
 
 H200 = paths.REPO_ROOT / "results" / "h200-2026-11-21"
 
@@ -179,8 +179,8 @@ def test_tie_needs_the_noise_floor_not_only_the_rank_test():
     """40 samples a side separate a 3% margin at 2 us (the U test alone would call it a win), but
     unchanged code moves more than that between runs: a tie, by the rule compare uses. A 30% margin
     is beyond the noise floor: a win."""
-    from dskbench.pick import Outcome, judge_cell
-    from dskbench.pick_data import PathSpec
+    from dskbench.analysis.pick import Outcome, judge_cell
+    from dskbench.analysis.pick_data import PathSpec
 
     def stat(v: float) -> Stat:
         xs = tuple(v + 0.1 * (2 * i / 39 - 1) for i in range(40))

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from dskbench import paths
-from dskbench.exprs import ExprError, evaluate, simplify
-from dskbench.registry import (
+from dskbench.registry.load import (
     MANIFEST,
     STATUSES,
     RegistryError,
@@ -23,7 +22,8 @@ from dskbench.registry import (
     render,
     write_registry,
 )
-from dskbench.shapes import load_shapes
+from dskbench.shapes.cases import load_shapes
+from dskbench.shapes.exprs import ExprError, evaluate, simplify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 NVFP4 = "deepseek_r1_nvfp4_execution_ops.md"
@@ -249,7 +249,7 @@ def test_load_registry_entries():
     assert reg["fast_topk_v2"].op_names == ()
 
 
-# -- the partial evaluator (dskbench.exprs.simplify) -------------------------------------------------
+# -- the partial evaluator (dskbench.shapes.exprs.simplify) -------------------------------------------------
 
 ENV = {"Nh": 128, "Dq": 192, "Dn": 128, "Dv": 128, "I": 2048, "K": 8, "Lq": 1536, "Lkv": 512, "Dr": 64}
 
@@ -307,7 +307,7 @@ def test_committed_registry_has_a_manifest_owning_every_file():
 
 
 def test_generate_refuses_a_folder_holding_other_files_and_leaves_it_intact(tmp_path, capsys):
-    from dskbench import cli
+    from dskbench.frontends import cli
 
     out = tmp_path / "shapes"
     out.mkdir()
@@ -391,7 +391,7 @@ def test_check_reports_a_folder_without_a_manifest(entries, reg_copy, capsys):
 
 def _list_error(reg: Path, monkeypatch, capsys) -> str:
     """`dskbench list` on the registry folder `reg`: exit 2 and its one stderr line."""
-    from dskbench import cli
+    from dskbench.frontends import cli
 
     monkeypatch.setattr(paths, "REGISTRY_DIR", reg)
     assert cli.main(["list"]) == 2
@@ -466,7 +466,7 @@ def test_a_minimal_entry_loads_and_a_missing_folder_is_named(tmp_path):
 
 
 def test_run_refuses_a_drifted_registry_unless_allowed(reg_copy, monkeypatch, capsys):
-    from dskbench import cli
+    from dskbench.frontends import cli
 
     monkeypatch.setattr(paths, "REGISTRY_DIR", reg_copy)
     args = ["run", "--device", "cpu", "--kernel", "rmsnorm", "--dry-run"]

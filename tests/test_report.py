@@ -24,7 +24,7 @@ from fake_results import (
 from dskbench.report import svg, write_report
 from dskbench.report.model import CPU_NOTE, history, machines, panels, pct_of_peak
 from dskbench.report.tables import ceiling_facts, fmt_num, overview, problems
-from dskbench.results import Run, result_record
+from dskbench.results.io import Run, result_record
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -271,7 +271,7 @@ def test_ticks_and_numbers():
 
 def test_minimal_records_render(tmp_path: Path):
     """Records as a crashed worker or a bare run leaves them: no op, point, metrics, clocks or git."""
-    from dskbench.results import Run, environment_record, result_record
+    from dskbench.results.io import Run, environment_record, result_record
 
     env = environment_record(
         "m", created="2026-01-01T00:00:00+00:00", device={"kind": "cuda", "name": "GPU X"}, versions={}

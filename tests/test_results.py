@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dskbench.results import (
+from dskbench.results.io import (
     SCHEMA,
     ResultsError,
     ResultsWriter,
@@ -101,7 +101,7 @@ def test_ok_without_a_median_reads_as_an_error(tmp_path):
 def test_git_state_records_the_commit_and_a_launcher_given_one(monkeypatch):
     from unittest import mock
 
-    import dskbench.environment as env
+    import dskbench.results.environment as env
 
     state = env.git_state()
     assert state["commit"] and len(state["commit"]) == 40  # this checkout's HEAD

@@ -8,9 +8,9 @@ import pytest
 
 os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
 
-from dskbench.results import read_runs  # noqa: E402
-from dskbench.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels  # noqa: E402
-from dskbench.shapes import default_shapes  # noqa: E402
+from dskbench.execution.runner import PlanError, SweepOptions, plan_sweep, run_sweep, select_kernels  # noqa: E402
+from dskbench.results.io import read_runs  # noqa: E402
+from dskbench.shapes.cases import default_shapes  # noqa: E402
 from tests.fake_adapters import registry_entry as _entry  # noqa: E402
 
 FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_raise")
@@ -113,7 +113,7 @@ def test_results_written_as_they_finish(tmp_path, registry):
 
 
 def test_resume_skips_finished_cases_and_retries_errors_when_told(tmp_path, registry, monkeypatch):
-    from dskbench import cli
+    from dskbench.frontends import cli
 
     monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (registry, default_shapes()))
     out = tmp_path / "r.jsonl"
@@ -134,7 +134,7 @@ def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
     import gc
     import itertools
 
-    from dskbench.backends import DeviceInfo
+    from dskbench.adapters.backends import DeviceInfo
     from dskbench.execution import case as runner
 
     calls = []

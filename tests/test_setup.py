@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import setuptools
 
-from dskbench import mainjob, stack
+from dskbench.setup import mainjob, stack
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = {"torch": "2.11.0", "sglang-kernel": "0.4.5", "flashinfer-python": "0.6.14", "sglang": "0.5.16"}
@@ -98,7 +98,7 @@ def _fake_bin(tmp_path: Path, gpu: bool, stack_rc: int) -> Path:
         smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     py = bin_ / "python3"
     py.write_text(
-        f'#!/bin/sh\nif [ "$1 $2 $3" = "-m dskbench.stack check" ]; then exit {stack_rc}; fi\n'
+        f'#!/bin/sh\nif [ "$1 $2 $3" = "-m dskbench.setup.stack check" ]; then exit {stack_rc}; fi\n'
         f'exec {sys.executable} "$@"\n'
     )
     for f in (smi, py):
@@ -110,7 +110,9 @@ def test_gpu_detection_through_nvidia_smi_on_path(tmp_path):
     for gpu, rc in ((True, 0), (False, 1)):
         bin_ = _fake_bin(tmp_path / str(gpu), gpu, 1)
         env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"}
-        got = subprocess.run([sys.executable, "-m", "dskbench.stack", "gpu"], cwd=ROOT, env=env, check=False)
+        got = subprocess.run(
+            [sys.executable, "-m", "dskbench.setup.stack", "gpu"], cwd=ROOT, env=env, check=False
+        )
         assert got.returncode == rc
 
 
@@ -142,7 +144,7 @@ def test_run_sh_on_cpu_installs_the_cpu_stack_and_does_not_warm(tmp_path):
     assert steps[0] == "python3 -m venv .venv"
     assert any(s.startswith("python3 -m pip install -q torch==") for s in steps)
     assert "python3 -m pip install -q -e .[test]" in steps
-    assert not any("gpu" in s or "warm" in s or "dskbench.stack cuda" in s for s in steps)
+    assert not any("gpu" in s or "warm" in s or "dskbench.setup.stack cuda" in s for s in steps)
     order = [
         _index(steps, p) for p in ("registry generate --check", "dskbench run --quick", "dskbench report")
     ]
@@ -157,7 +159,7 @@ def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_
     parts = (
         "pip install -q -e .[gpu]",
         "registry generate --check",
-        "dskbench.stack cuda",
+        "dskbench.setup.stack cuda",
         "mainjob eta",
         "dskbench warm --gpus all --sweep decode",
         "dskbench run --quick --out",
@@ -200,7 +202,9 @@ def test_system_python_install_needs_no_index(tmp_path):
     subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], env=env, check=False)
     site = next((env_dir / "lib").glob("python3*/site-packages"))
     (site / "outer.pth").write_text(str(Path(setuptools.__file__).parents[1]) + "\n")
-    tools = subprocess.run([py, "-m", "dskbench.stack", "tools"], cwd=proj, capture_output=True, text=True)
+    tools = subprocess.run(
+        [py, "-m", "dskbench.setup.stack", "tools"], cwd=proj, capture_output=True, text=True
+    )
     assert tools.returncode == 0, tools.stderr
     cmd = [py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."]
     proc = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, check=False)

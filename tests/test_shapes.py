@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dskbench import paths
-from dskbench.exprs import ExprError, evaluate
-from dskbench.shapes import ShapeError, canonical_op_name, default_shapes, load_shapes
-from dskbench.shapes_schema import ROLES
+from dskbench.shapes.cases import ShapeError, canonical_op_name, default_shapes, load_shapes
+from dskbench.shapes.exprs import ExprError, evaluate
+from dskbench.shapes.schema import ROLES
 
 S = default_shapes()
 

@@ -1,4 +1,4 @@
-"""Sharding a sweep over the GPUs of one host (dskbench/shard.py), on the CPU: the cut (balance,
+"""Sharding a sweep over the GPUs of one host (dskbench/execution/shard.py), on the CPU: the cut (balance,
 determinism), and a whole sharded sweep in which DeviceInfo claims three GPUs and the fake CPU kernels
 run one worker process per "GPU", each started with its own CUDA_VISIBLE_DEVICES."""
 
@@ -14,12 +14,13 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
 import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
 import tests.fake_shard_adapters  # noqa: E402,F401
-from dskbench import cli, shard  # noqa: E402
-from dskbench.backends import DeviceInfo  # noqa: E402
+from dskbench.adapters.backends import DeviceInfo  # noqa: E402
 from dskbench.execution import cost as cost_model  # noqa: E402
-from dskbench.results import read_runs  # noqa: E402
-from dskbench.runner import SweepOptions, WorkItem, plan_sweep, run_sweep  # noqa: E402
-from dskbench.shapes import default_shapes  # noqa: E402
+from dskbench.execution import shard  # noqa: E402
+from dskbench.execution.runner import SweepOptions, WorkItem, plan_sweep, run_sweep  # noqa: E402
+from dskbench.frontends import cli  # noqa: E402
+from dskbench.results.io import read_runs  # noqa: E402
+from dskbench.shapes.cases import default_shapes  # noqa: E402
 from tests.fake_adapters import registry_entry as _entry  # noqa: E402
 
 DECODE_T = default_shapes().values("decode_tokens", "cpu")
@@ -250,11 +251,11 @@ def test_cli_no_multicast_flag_and_switch(tmp_path, monkeypatch):
         seen.append(opts.no_multicast)
         raise KeyboardInterrupt  # stop here: nothing to measure
 
-    monkeypatch.setattr("dskbench.runner.run_sweep", fake_run_sweep)
+    monkeypatch.setattr("dskbench.execution.runner.run_sweep", fake_run_sweep)
     monkeypatch.setattr(
         cli, "_registry_and_shapes", lambda: ({"fake_ok": _entry("fake_ok")}, default_shapes())
     )
-    monkeypatch.setattr("dskbench.registry.drift_message", lambda: None)
+    monkeypatch.setattr("dskbench.registry.load.drift_message", lambda: None)
     base = ["run", "--device", "cpu", "--kernel", "fake_ok", "--backend", "fake"]
     for switch, flag, want in (("", False, False), ("0", False, False), ("1", False, True), ("", True, True)):
         monkeypatch.setenv("DSKBENCH_NO_MULTICAST", switch)
@@ -304,7 +305,7 @@ def test_sharded_sweep_copies_twins_from_the_gpu_that_measured_them(tmp_path, mo
 
 
 def test_measured_costs_cut_the_shards_and_scale_the_model_for_the_rest(tmp_path):
-    from dskbench.results import ResultsWriter, environment_record, result_record
+    from dskbench.results.io import ResultsWriter, environment_record, result_record
 
     items = _plan({"k1": 4, "k2": 4, "k3": 4, "k4": 4})  # by the model: four equal kernels
     heavy = [it for it in items if it.kernel == "k1"]

@@ -1,4 +1,4 @@
-"""dskbench.suite (shared by the asv and pytest-benchmark front ends) and the pytest-benchmark suite in
+"""dskbench.frontends.suite (shared by the asv and pytest-benchmark front ends) and the pytest-benchmark suite in
 bench/, on the CPU with the fake kernels of tests/fake_adapters.py."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dskbench import suite
-from dskbench.results import read_runs
-from dskbench.shapes import default_shapes
+from dskbench.frontends import suite
+from dskbench.results.io import read_runs
+from dskbench.shapes.cases import default_shapes
 from tests.suite_helpers import REPO, make_fake_root, run_pytest, write_registry
 
 
@@ -217,7 +217,7 @@ def test_replay_feeds_pytest_benchmark_statistics(tmp_path):
             """
             import time
             import pytest
-            from dskbench import suite
+            from dskbench.frontends import suite
 
             @pytest.mark.benchmark(timer=suite.REPLAY_CLOCK)
             def test_it(benchmark):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from dskbench.results import ResultsWriter, environment_record, result_record
+from dskbench.results.io import ResultsWriter, environment_record, result_record
 
 ROOT = Path(__file__).resolve().parents[1]
 

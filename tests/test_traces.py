@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dskbench import paths
-from dskbench.traces import (
+from dskbench.registry.traces import (
     TraceError,
     kernels_in_cell,
     op_labels_in_cell,

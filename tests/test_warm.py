@@ -11,10 +11,11 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
 import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
 import tests.fake_shard_adapters  # noqa: E402,F401
-from dskbench import cli, warm  # noqa: E402
-from dskbench.backends import DeviceInfo  # noqa: E402
-from dskbench.runner import SweepOptions, WorkItem, execute_item, plan_sweep  # noqa: E402
-from dskbench.shapes import default_shapes  # noqa: E402
+from dskbench.adapters.backends import DeviceInfo  # noqa: E402
+from dskbench.execution import warm  # noqa: E402
+from dskbench.execution.runner import SweepOptions, WorkItem, execute_item, plan_sweep  # noqa: E402
+from dskbench.frontends import cli  # noqa: E402
+from dskbench.shapes.cases import default_shapes  # noqa: E402
 from tests.test_shard import _entry, _item  # noqa: E402
 
 

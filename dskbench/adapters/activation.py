@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from dskbench.adapters import register
-from dskbench.adapters._smallops import SGLANG_SM90, enable_pdl, generator, nbytes, randn
+from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.backends import Backend
-from dskbench.shapes import Case
+from dskbench.adapters.common.inputs import SGLANG_SM90, enable_pdl, generator, nbytes, randn
+from dskbench.shapes.cases import Case
 
 DTYPE = torch.bfloat16
 

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from dskbench.adapters import register
+from dskbench.adapters.backends import SM100, Backend, Requirement
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.backends import SM100, Backend, Requirement
-from dskbench.shapes import Case, default_shapes
+from dskbench.shapes.cases import Case, default_shapes
 
 BF16 = torch.bfloat16
 ROPE_SCALING_FACTOR = 40.0  # DeepSeek-R1 config.json rope_scaling (yarn): factor 40, mscale_all_dim 1.0

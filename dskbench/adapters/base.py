@@ -2,7 +2,7 @@
 and its minimum memory traffic and FLOPs.
 
 Adding a backend to a kernel is one line in its adapter's ``backends`` list. Adding a kernel is one
-class with ``@register``. The runner (dskbench/runner.py) does everything else: gating, resolution,
+class with ``@register``. The runner (dskbench/execution/runner.py) does everything else: gating, resolution,
 correctness against the reference on fresh inputs, timing through dskbench.measure, and metrics.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dskbench.backends import CPU_OK, Backend
-from dskbench.shapes import Case
+from dskbench.adapters.backends import CPU_OK, Backend
+from dskbench.shapes.cases import Case
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ and so is a token count above 2048 for the fusion (SGLang fuses only up to FUSE_
 tokens, with a workspace of 2048 tokens; above that it runs the unfused path).
 The FlashInfer workspace is created with backend "trtllm" (not "mnnvl" or "auto", whose MNNVL path
 calls cuMulticastCreate). NVLink multicast in NCCL (NVLS) and torch's symmetric memory is as the host
-has it, or off in every rank under DSKBENCH_NO_MULTICAST=1 (dskbench.environment.NO_MULTICAST_ENV); the
+has it, or off in every rank under DSKBENCH_NO_MULTICAST=1 (dskbench.results.environment.NO_MULTICAST_ENV); the
 results' environment record says which.
 
 Traffic counts bus bytes per rank, 2(n-1)/n x payload (nccl-tests' convention), so GB/s is bus
@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 from dskbench.adapters import register
+from dskbench.adapters.backends import ANY_CUDA, CPU_OK, Backend, Requirement, Unavailable
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.backends import ANY_CUDA, CPU_OK, Backend, Requirement, Unavailable
-from dskbench.shapes import Case, ModelShapes
+from dskbench.shapes.cases import Case, ModelShapes
 
 DTYPE = torch.bfloat16
 RMS_EPS = 1e-6  # rms_norm_eps of the model config
@@ -477,5 +477,5 @@ def comm_cases(
                 point = {"T": int(t), "tp": world}
                 dims = shapes.eval_role(var, point)
                 variant = dims.pop("variant", None)
-                out.append(Case(kernel, "all_reduce", phase, point, dims, variant))
+                out.append(Case(kernel, "all_reduce", phase, point, dims, variant, dict(shapes.config)))
     return out

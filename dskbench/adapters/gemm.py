@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from dskbench import fp8
 from dskbench.adapters import register
+from dskbench.adapters.backends import ANY_CUDA, SM90_ONLY, Backend, Requirement
 from dskbench.adapters.base import Adapter, Traffic, memo
-from dskbench.backends import ANY_CUDA, SM90_ONLY, Backend, Requirement
-from dskbench.shapes import Case
+from dskbench.adapters.common import fp8
+from dskbench.shapes.cases import Case
 
 # Linear projections of DeepSeek-R1 that a quantised checkpoint quantises (the router `gate` stays BF16).
 LINEAR_OPS = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dskbench.backends import import_target
+from dskbench.adapters.backends import import_target
 
 WEAK_REF_TARGET = "sgl_kernel.memory:weak_ref_tensor"
 WORKSPACE_TARGET = "sgl_kernel.attention:cutlass_mla_get_workspace_size"

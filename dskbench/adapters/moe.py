@@ -1,6 +1,6 @@
 """MoE compute kernels (catalogue §5): grouped expert GEMMs, routing bookkeeping, combine, fused MoE.
 
-All adapters route tokens with ``dskbench.routing_inputs`` (DeepSeek's biased grouped top-k, uneven expert
+All adapters route tokens with ``dskbench.adapters.common.routing`` (DeepSeek's biased grouped top-k, uneven expert
 loads), so the rows per expert, the number of touched experts and the block padding are what DeepSeek-R1
 produces. Weight tensors are full-size on the GPU ([256, 4096, 7168] bf16 is 15 GB); on the CPU, where only
 the torch reference runs, every expert shares one random slab (a stride-0 view over E), so a CPU case
@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from dskbench import fp8
 from dskbench.adapters import register
+from dskbench.adapters.backends import SM90_ONLY, SM100, Backend, Requirement
 from dskbench.adapters.base import Adapter, Check, Traffic, rel_error
-from dskbench.backends import SM90_ONLY, SM100, Backend, Requirement
-from dskbench.routing_inputs import (
+from dskbench.adapters.common import fp8
+from dskbench.adapters.common.routing import (
     Routing,
     active_experts,
     deepseek_routing,
@@ -34,7 +34,7 @@ from dskbench.routing_inputs import (
     routing_margin,
     sorted_by_expert,
 )
-from dskbench.shapes import Case, default_shapes
+from dskbench.shapes.cases import Case, default_shapes
 
 BF16 = torch.bfloat16
 GROUP = fp8.GROUP  # 128: activation group and weight block edge

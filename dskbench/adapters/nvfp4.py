@@ -9,7 +9,7 @@ NVFP4 op has a Hopper row; they carry ``label="Hopper path: ..."`` and ``extra["
 their launchers return ``Tagged(out, "w4a16")`` so that ``check`` compares them with the W4A16 reference
 (unquantised activations) instead of the W4A4 one.
 
-Inputs: the activation is quantised in ``make_inputs`` by ``dskbench.nvfp4`` (the same arithmetic as the
+Inputs: the activation is quantised in ``make_inputs`` by ``dskbench.adapters.common.nvfp4`` (the same arithmetic as the
 flashinfer kernel, so kernel and oracle read identical bytes); ``bind`` only converts layouts the way SGLang
 does at load time (128x4 swizzle, trtllm shuffles, Marlin repack). MoE weights are filled only for the
 experts the routing selects; the other experts' storage is allocated but never read.
@@ -27,11 +27,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from dskbench import nvfp4 as fp4
 from dskbench.adapters import register
+from dskbench.adapters.backends import SM100, Backend, Requirement
 from dskbench.adapters.base import Adapter, Check, Traffic, memo, rel_error
-from dskbench.backends import SM100, Backend, Requirement
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.common import nvfp4 as fp4
+from dskbench.shapes.cases import Case, default_shapes
 
 # flashinfer's declared lists: mm_fp4 cutlass/cudnn `@supported_compute_capability([100, 103, 110, 120, 121])`;
 # fp4_quantize builds an sm90 module but its quantize body is compiled only for __CUDA_ARCH__ >= 1000.

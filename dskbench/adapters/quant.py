@@ -44,10 +44,10 @@ from typing import Any, ClassVar
 import torch
 
 from dskbench.adapters import register
-from dskbench.adapters._smallops import FP8, FP8_MAX, SGLANG_SM90, enable_pdl, generator, nbytes, randn
+from dskbench.adapters.backends import Backend, Requirement
 from dskbench.adapters.base import Adapter, Check, Traffic, rel_error
-from dskbench.backends import Backend, Requirement
-from dskbench.shapes import Case
+from dskbench.adapters.common.inputs import FP8, FP8_MAX, SGLANG_SM90, enable_pdl, generator, nbytes, randn
+from dskbench.shapes.cases import Case
 
 DTYPE = torch.bfloat16
 EPS = 1e-10  # SGLang's default eps for the group quantisers

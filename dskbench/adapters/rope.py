@@ -27,10 +27,18 @@ from typing import Any
 import torch
 
 from dskbench.adapters import register
-from dskbench.adapters._smallops import FP8, SGLANG_SM90, enable_pdl, generator, model_config, nbytes, randn
+from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.backends import Backend
-from dskbench.shapes import Case
+from dskbench.adapters.common.inputs import (
+    FP8,
+    SGLANG_SM90,
+    enable_pdl,
+    generator,
+    model_config,
+    nbytes,
+    randn,
+)
+from dskbench.shapes.cases import Case
 
 DTYPE = torch.bfloat16
 ROPE_BASE = 10000.0

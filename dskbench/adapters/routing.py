@@ -5,7 +5,7 @@ DeepSeek-V3/R1 routes with sigmoid scores + e_score_correction_bias, 8 groups of
 the *unbiased* sigmoid scores of the chosen experts, renormalised and (NVFP4 MoE:
 ``should_fuse_routed_scaling_factor_in_topk``) multiplied by routed_scaling_factor 2.5.
 topk_softmax / topk_sigmoid are the flat gates of other MoE models, measured at the same shapes.
-Router logits and bias come from dskbench.routing_inputs, the generator the MoE adapters route with.
+Router logits and bias come from dskbench.adapters.common.routing, the generator the MoE adapters route with.
 
 Checks tolerate ties: an expert set passes when its selection scores, sorted, match the reference's
 (so swapping two equal-scored experts is not a failure); weights are compared as sorted vectors.
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from dskbench.adapters import register
+from dskbench.adapters.backends import Backend, Requirement
 from dskbench.adapters.base import TOLERANCES, Adapter, Check, Traffic, rel_error
-from dskbench.backends import Backend, Requirement
-from dskbench.routing_inputs import deepseek_routing
-from dskbench.shapes import Case, default_shapes
+from dskbench.adapters.common.routing import deepseek_routing
+from dskbench.shapes.cases import Case, default_shapes
 
 TOPK_OPS = ("topk",)
 SELECT_RTOL = 1e-5  # fp32 kernels vs the float64 reference, on selection scores
@@ -38,7 +38,7 @@ def routed_scaling_factor() -> float:
 
 def _router_inputs(case: Case, device: str, seed: int) -> dict[str, Any]:
     """fp32 logits [T, E] and e_score_correction_bias [E] with uneven expert popularity — the same
-    generator (dskbench.routing_inputs) the MoE adapters route with, so both see one routing."""
+    generator (dskbench.adapters.common.routing) the MoE adapters route with, so both see one routing."""
     d = case.dims
     r = deepseek_routing(
         int(d["T"]),

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from dskbench.adapters import register
-from dskbench.adapters._smallops import SGLANG_SM90, device_generator, generator
+from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import TOLERANCES, Adapter, Check, Traffic, rel_error
-from dskbench.backends import Backend
-from dskbench.shapes import Case
+from dskbench.adapters.common.inputs import SGLANG_SM90, device_generator, generator
+from dskbench.shapes.cases import Case
 
 TEMPERATURE = 0.6
 TOP_KS = (20, 40, 50, 100)

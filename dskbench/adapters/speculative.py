@@ -37,11 +37,11 @@ from typing import Any
 import torch
 
 from dskbench.adapters import register
-from dskbench.adapters._smallops import SGLANG_SM90, device_generator, exact_check, generator
+from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import TOLERANCES, Adapter, Check, Traffic, rel_error
+from dskbench.adapters.common.inputs import SGLANG_SM90, device_generator, exact_check, generator
 from dskbench.adapters.sampling import make_probs, top_p_sets
-from dskbench.backends import Backend
-from dskbench.shapes import Case
+from dskbench.shapes.cases import Case
 
 SEQ_LENS = (1024, 8192)
 FULL_MASK = 0

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dskbench.adapters import get_adapter
-from dskbench.backends import Backend, DeviceInfo, Unavailable, resolve
+from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
 from dskbench.execution.gate import skip_reason
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
-from dskbench.shapes import Case
+from dskbench.shapes.cases import Case
 
 # Substrings of errors after which the CUDA context cannot be trusted: the worker exits and is replaced.
 POISONING_ERRORS = (

@@ -3,10 +3,10 @@ its limits from. Only relative sizes matter for balance; the hang limit multipli
 
 from __future__ import annotations
 
-from dskbench.backends import DeviceInfo
+from dskbench.adapters.backends import DeviceInfo
 from dskbench.execution.gate import skip_reason
 from dskbench.execution.items import WorkItem
-from dskbench.shapes import Case
+from dskbench.shapes.cases import Case
 
 CASE_OVERHEAD_S = 0.5  # inputs, reference, check, graph capture, per case
 UNIT_OVERHEAD_S = 3.0  # a kernel's first use in a process: imports, JIT build, autotuning

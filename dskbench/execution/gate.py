@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dskbench.backends import Backend, DeviceInfo
-from dskbench.shapes import Case
+from dskbench.adapters.backends import Backend, DeviceInfo
+from dskbench.shapes.cases import Case
 
 
 def multi_gpu_reason(needed: int, device: DeviceInfo, ranks: int = 1) -> str | None:

@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from dskbench.shapes import Case
+from dskbench.shapes.cases import Case
 
 MODES = ("cold", "hot", "rotate")
 
@@ -54,7 +54,9 @@ class SweepOptions:
     budget_s: float | None = None  # per-case time budget override
     measure_ceilings: bool = True
     dedupe: bool = True  # measure a (kernel, backend, dims, variant) once; its other ops' records copy it
-    gpus: int = 1  # >1: shard the items over this many GPUs, one worker process each (dskbench/shard.py)
+    gpus: int = (
+        1  # >1: shard the items over this many GPUs, one worker process each (dskbench/execution/shard.py)
+    )
     host_gpus: int | None = None  # GPUs of the host when a worker sees only its own (multi-GPU gating)
     warm_only: bool = False  # prepare (build, first launch, check) but time nothing: dskbench warm
     costs_from: tuple[str, ...] = ()  # results files whose item times cut a sharded sweep (shard.py)

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dskbench.backends import DeviceInfo
+from dskbench.adapters.backends import DeviceInfo
 from dskbench.execution.case import measure_settings, run_one
 from dskbench.execution.cost import item_cost
 from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.limits import CaseLimits, timeout_from_env
 from dskbench.execution.pool import Pool, Slot
-from dskbench.results import ResultsWriter, environment_record, result_record
-from dskbench.selection import repro_command
+from dskbench.execution.selection import repro_command
+from dskbench.results.io import ResultsWriter, environment_record, result_record
 
 
 @dataclass
@@ -55,7 +55,9 @@ class Recorder:
     ):
         self.writer, self.run_id, self.progress = writer, run_id, progress
         self.copies = copies or {}  # item index -> items whose records copy its result (dedupe_items)
-        self.settings = settings  # the run's settings: each record's repro command (dskbench.selection)
+        self.settings = (
+            settings  # the run's settings: each record's repro command (dskbench.execution.selection)
+        )
         self.counts: Counter = Counter()
         self.closed = False  # set once the sweep ends (an interrupted worker may still report)
         self._lock = threading.Lock()

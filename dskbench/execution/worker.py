@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     plan = json.loads(sys.stdin.readline())
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     start = int(argv[0])
-    from dskbench.backends import DeviceInfo
+    from dskbench.adapters.backends import DeviceInfo
     from dskbench.execution.case import run_one
     from dskbench.execution.items import SweepOptions, WorkItem
 

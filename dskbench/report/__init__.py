@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dskbench.report import html, markdown
 from dskbench.report.model import machines, registry_categories
-from dskbench.results import Run
+from dskbench.results.io import Run
 
 __all__ = ["write_report"]
 
@@ -27,7 +27,7 @@ def write_report(
 
     categories: kernel -> category for the summary; by default read from the kernel registry (a result
     record's own ``category`` field wins when present). threshold: the relative change the history
-    section calls a regression (with the noise rule of dskbench compare, dskbench.verdict). csv_href: the
+    section calls a regression (with the noise rule of dskbench compare, dskbench.analysis.verdict). csv_href: the
     CSV of the same results, relative to index.html, linked from the top of the page.
     """
     out = Path(out_dir)

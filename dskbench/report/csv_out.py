@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dskbench.results import Run
-from dskbench.selection import op_text, point_text, repro_command
+from dskbench.execution.selection import op_text, point_text, repro_command
+from dskbench.results.io import Run
 
 COLUMNS = (
     "device",

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from dskbench.compare import Stat, format_number
+from dskbench.analysis.compare import Stat, format_number
 from dskbench.report import svg
 from dskbench.report.model import (
     CPU_NOTE,
@@ -276,7 +276,7 @@ def _changes_section(
             f'<p class="note">A change counts when the median moves by more than {threshold:.0%} and the p10 '
             "moves beyond the case's run-to-run noise floor (its history at earlier commits, else the "
             "band prior of its latency), with a rank test on the samples agreeing: dskbench compare's rule "
-            "(dskbench/verdict.py). Each measurement once: shared_with twins are not counted.</p>"
+            "(dskbench/analysis/verdict.py). Each measurement once: shared_with twins are not counted.</p>"
             '<table class="changes"><thead><tr><th>kernel</th><th>series</th><th>slower / broke</th>'
             "<th>faster / fixed</th><th>within noise</th><th>largest slowdown</th><th>largest speed-up</th>"
             "</tr></thead><tbody>"

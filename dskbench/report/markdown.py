@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from dskbench.compare import format_number
+from dskbench.analysis.compare import format_number
 from dskbench.report.model import (
     CPU_NOTE,
     History,

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from dskbench.compare import natural_key
-from dskbench.compare_inputs import aggregate, stat_from_record
-from dskbench.results import STATUSES, Run
-from dskbench.verdict import Stat, judge
+from dskbench.analysis.compare import natural_key
+from dskbench.analysis.compare_inputs import aggregate, stat_from_record
+from dskbench.analysis.verdict import Stat, judge
+from dskbench.results.io import STATUSES, Run
 
 X_PREFERENCE = ("T", "B", "kv_len", "tp")
 CPU_NOTE = "CPU reference timings (torch references on the CPU; not GPU kernel performance)"
@@ -95,7 +95,7 @@ class History:
 
     def changes(self, threshold: float = 0.05) -> list[tuple[str, str, str, float | None, Stat, Stat]]:
         """(case, backend, verdict, change, old, new) between the last two commits, not 'same'; judged
-        by dskbench compare's rule (dskbench.verdict), the earlier commits being the case's history.
+        by dskbench compare's rule (dskbench.analysis.verdict), the earlier commits being the case's history.
         Each measurement once: twins are left out."""
         out = []
         for (case, backend), stats in self.values.items():
@@ -342,7 +342,7 @@ def registry_categories() -> dict[str, str]:
     """Kernel -> category from the kernel registry, or nothing when it cannot be read here."""
     try:
         from dskbench import paths
-        from dskbench.registry import load_registry
+        from dskbench.registry.load import load_registry
 
         reg = load_registry(paths.REGISTRY_DIR)
         return {name: str(getattr(e, "category", "") or "") for name, e in reg.items()}

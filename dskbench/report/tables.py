@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dskbench.compare import natural_key
+from dskbench.analysis.compare import natural_key
 from dskbench.report.model import (
     Machine,
     Panel,

@@ -25,7 +25,7 @@ echo "warm exit code $? in $(( $(date +%s) - start )) s" | tee -a "$out/summary.
 python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 from collections import Counter
-from dskbench.results import read_runs
+from dskbench.results.io import read_runs
 out = sys.argv[1]
 (run,) = read_runs([f"{out}/fault-run.jsonl"])
 env = run.environment

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from dskbench.results import STATUSES
+from dskbench.results.io import STATUSES
 
 
 def run_table(results: Iterable[dict[str, Any]]) -> str:

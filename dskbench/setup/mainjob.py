@@ -1,8 +1,8 @@
 """Helpers of the main command (scripts/run.sh) on a GPU box: the expected time printed before the
 sweep, and which of the user's `run` options the JIT warm-up takes too.
 
-    python -m dskbench run --dry-run --quick ... | python -m dskbench.mainjob eta
-    python -m dskbench.mainjob warm-args RUN_OPTIONS...   (NUL-separated, for bash's mapfile -d '')
+    python -m dskbench run --dry-run --quick ... | python -m dskbench.setup.mainjob eta
+    python -m dskbench.setup.mainjob warm-args RUN_OPTIONS...   (NUL-separated, for bash's mapfile -d '')
 
 The estimate: with a sharded plan (`--gpus`), the longest shard of the cost model that cuts the shards
 (dskbench/execution/cost.py); otherwise each case costs that model's fixed per-case overhead plus the
@@ -52,7 +52,7 @@ def _minutes(secs: float) -> str:
 def warm_args(run_args: Sequence[str]) -> list[str]:
     """The user's `run` options that `dskbench warm` also takes (what to build for), with their values;
     the rest (--out, --budget, --mode, ...) concern timing only."""
-    from dskbench.cli import build_parser
+    from dskbench.frontends.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.choices and "warm" in a.choices)  # noqa: SLF001
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["warm-args"]:
         sys.stdout.write("".join(a + "\0" for a in warm_args(args[1:])))
         return 0
-    print("dskbench.mainjob: expected eta or warm-args", file=sys.stderr)
+    print("dskbench.setup.mainjob: expected eta or warm-args", file=sys.stderr)
     return 2
 
 

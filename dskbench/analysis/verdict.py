@@ -5,7 +5,7 @@ For two measured sides (old, new) of a case:
 * ``change``: how far the median moved, relative to the old kernel time (lower is better for times;
   for throughputs such as GB/s higher is better).
 * ``shift``: how far the p10 (the fast end of the samples) moved; the median when a side has no p10.
-* ``floor``: how far that statistic moves between runs of unchanged code (dskbench.noise: the case's
+* ``floor``: how far that statistic moves between runs of unchanged code (dskbench.analysis.noise: the case's
   history, else the band prior, else the timer's resolution).
 
 The verdict is ``slower`` only when all of these hold:
@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from dskbench.noise import Floor, Prior, floor_for, half_spread, load_prior
+from dskbench.analysis.noise import Floor, Prior, floor_for, half_spread, load_prior
 
 MIN_SAMPLES = 8  # both sides need this many raw samples before the rank test is used
 P_THRESHOLD = 0.001

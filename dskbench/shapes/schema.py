@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from dskbench.exprs import ExprError, evaluate, names_in
+from dskbench.shapes.exprs import ExprError, evaluate, names_in
 
 if TYPE_CHECKING:
-    from dskbench.shapes import ModelShapes
+    from dskbench.shapes.cases import ModelShapes
 
 # Role keys that are labels, not numbers.
 META_KEYS = frozenset({"variant", "weight", "out"})

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from dskbench import paths
-from dskbench.exprs import ExprError, evaluate, names_in
-from dskbench.shapes_schema import META_KEYS, SchemaError, check_dims, check_structure
+from dskbench.shapes.exprs import ExprError, evaluate, names_in
+from dskbench.shapes.schema import META_KEYS, SchemaError, check_dims, check_structure
 
 PROFILES = ("full", "quick", "cpu")
 
@@ -52,6 +52,9 @@ class Case:
     point: dict[str, int]
     dims: dict[str, Any]
     variant: str | None = None
+    # The model's symbols (H, Lq, rms_norm_eps, ...) from the shapes file the case was planned from: an
+    # adapter reads every model constant here, so a case alone decides its inputs. Not part of its identity.
+    model: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -67,11 +70,20 @@ class Case:
             "phase": self.phase,
             "point": dict(self.point),
             "dims": dict(self.dims),
+            **({"model": dict(self.model)} if self.model else {}),
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Case:
-        return cls(d["kernel"], d["op"], d["phase"], dict(d["point"]), dict(d["dims"]), d.get("variant"))
+        return cls(
+            d["kernel"],
+            d["op"],
+            d["phase"],
+            dict(d["point"]),
+            dict(d["dims"]),
+            d.get("variant"),
+            dict(d.get("model") or {}),
+        )
 
 
 def canonical_op_name(raw: str) -> str:
@@ -88,7 +100,7 @@ def canonical_op_name(raw: str) -> str:
 
 
 class ModelShapes:
-    """The parsed shapes file, checked against the schema (dskbench/shapes_schema.py) as it is built."""
+    """The parsed shapes file, checked against the schema (dskbench/shapes/schema.py) as it is built."""
 
     def __init__(self, data: dict[str, Any], source: str = "<data>"):
         self.source = source
@@ -232,7 +244,7 @@ class ModelShapes:
                 for var in variants:
                     dims = self.eval_role(var, point)
                     variant = dims.pop("variant", None)
-                    out.append(Case(kernel, op_name, phase, point, dims, variant))
+                    out.append(Case(kernel, op_name, phase, point, dims, variant, dict(self.config)))
         return out
 
 

@@ -5,7 +5,7 @@ fenced call chains, op -> kernel tables, op shape tables). Rather than one parse
 markdown walker recognises each *element* from its content: a table by its header (the role of each
 column), a ``#### N.M name **(source)**`` kernel section, a fenced ``sgl-kernel: path fn()`` chain.
 So a kernel in a new document shows up with no code change, as long as the document is written in
-a layout seen before. The facts stay raw (labels as written, line numbers); dskbench/registry.py
+a layout seen before. The facts stay raw (labels as written, line numbers); dskbench/registry/load.py
 normalises and merges them.
 """
 

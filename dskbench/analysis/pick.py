@@ -4,7 +4,7 @@ For every row of shapes/deployment.yaml (an op, or ops whose kernels are chosen 
 each candidate (one kernel's backend, or a path of several kernels whose medians are summed) is evaluated
 from the results: correct only with status ok; wrong/error candidates are excluded with their reason;
 candidates without a record are "no measurement". The winner and runner-up are a tie unless the runner-up
-is slower beyond run-to-run noise, by dskbench.verdict's rule (the one dskbench compare uses: its p10 is
+is slower beyond run-to-run noise, by dskbench.analysis.verdict's rule (the one dskbench compare uses: its p10 is
 beyond the noise floor of the winner's latency band and, with raw samples on both sides, a Mann-Whitney U
 test separates them). The step estimate sums the winners over the layer
 mix (dense and MoE layers, plus the NextN layer with speculative decoding), listing the rows it lacks.
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dskbench.compare_inputs import device_name, stat_from_record
-from dskbench.pick_data import Deployment, DeploymentError, Part, PathSpec, RowSpec, load_deployment
-from dskbench.results import ResultsError, Run, read_runs
-from dskbench.shapes import ModelShapes, ShapeError, default_shapes
-from dskbench.verdict import Stat, judge
+from dskbench.analysis.compare_inputs import device_name, stat_from_record
+from dskbench.analysis.pick_data import Deployment, DeploymentError, Part, PathSpec, RowSpec, load_deployment
+from dskbench.analysis.verdict import Stat, judge
+from dskbench.results.io import ResultsError, Run, read_runs
+from dskbench.shapes.cases import ModelShapes, ShapeError, default_shapes
 
 PHASES = ("decode", "prefill")
 REFERENCE = "torch-ref"  # the oracle: never a contender
@@ -243,7 +243,7 @@ class Cell:
 
 
 def judge_cell(outcomes: list[Outcome], batch: int, kv: int | None, threshold: float = 0.0) -> Cell:
-    """Rank the correct candidates; winner and runner-up tie unless dskbench.verdict.judge calls the
+    """Rank the correct candidates; winner and runner-up tie unless dskbench.analysis.verdict.judge calls the
     runner-up slower (the margin above `threshold`, its p10 beyond the noise floor, the U test)."""
     cell = Cell(batch, kv)
     for o in outcomes:
@@ -666,7 +666,7 @@ def cli_pick(
 
     0 on success, 2 on bad input (unreadable results, several devices, a bad deployment file).
     """
-    from dskbench.pick_render import render_html, render_json, render_markdown, render_summary
+    from dskbench.report.pick_page import render_html, render_json, render_markdown, render_summary
 
     if phase is not None and phase not in PHASES:
         print(f"dskbench pick: phase {phase!r} is not one of {', '.join(PHASES)}", file=sys.stderr)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from dskbench.adapters.base import Check
-from dskbench.shapes import default_shapes
+from dskbench.shapes.cases import default_shapes
 
 # Backend label for the implementation SGLang 0.5.16 itself calls for DeepSeek-R1-NVFP4 on sm90.
 SGLANG_SM90 = "what SGLang 0.5.16 runs on sm90"

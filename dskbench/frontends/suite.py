@@ -141,7 +141,7 @@ class Selection:
         return f"GPU: {self.profile} sweep, {self.mode} L2"
 
     def options(self):
-        from dskbench.runner import SweepOptions
+        from dskbench.execution.runner import SweepOptions
 
         return SweepOptions(
             device=self.device,
@@ -179,7 +179,7 @@ def _truthy(x: str | bool | None) -> bool:
 
 def detect_device() -> str:
     """cuda when NVML sees a GPU, else cpu. NVML, not torch: asv processes must stay import-light."""
-    from dskbench.asv_machine import read_gpus
+    from dskbench.frontends.asv_machine import read_gpus
 
     try:
         return "cuda" if read_gpus() else "cpu"
@@ -220,7 +220,7 @@ def case_key(case_id: str, backend: str) -> str:
 
 
 def item_key(item: dict[str, Any]) -> str:
-    from dskbench.shapes import Case
+    from dskbench.shapes.cases import Case
 
     return case_key(Case.from_json(item["case"]).id, item["backend"])
 
@@ -229,9 +229,9 @@ def make_plan(sel: Selection) -> Plan:
     """Plan in this process: imports the registry and the adapters (and so torch)."""
     from dskbench import paths
     from dskbench.adapters import get_adapter
-    from dskbench.registry import load_registry
-    from dskbench.runner import PlanError, plan_sweep, select_kernels
-    from dskbench.shapes import default_shapes
+    from dskbench.execution.runner import PlanError, plan_sweep, select_kernels
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
 
     registry = load_registry(paths.REGISTRY_DIR)
     shapes = default_shapes()
@@ -277,7 +277,7 @@ def load_plan(sel: Selection, cache_dir: Path | None = None) -> Plan:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # the planner writes here (its stdout is not ours)
     proc = subprocess.run(
-        [sys.executable, "-m", "dskbench.suite", "plan", str(tmp)],
+        [sys.executable, "-m", "dskbench.frontends.suite", "plan", str(tmp)],
         input=json.dumps(sel.to_json()),
         capture_output=True,
         text=True,
@@ -367,8 +367,8 @@ def measure_kernel(
     `case_result`). The run's JSON lines are copied to `keep_dir` when given: they hold the reasons of
     every skipped, wrong or failed case, which the front ends can only show as n/a or a skip.
     """
-    from dskbench.results import read_runs
-    from dskbench.runner import WorkItem, run_sweep
+    from dskbench.execution.runner import WorkItem, run_sweep
+    from dskbench.results.io import read_runs
 
     work = [WorkItem(index=i, **it) for i, it in enumerate(items)]
     with tempfile.TemporaryDirectory(prefix="dskbench-suite-") as tmp, _child_pythonpath():
@@ -526,11 +526,11 @@ def main(argv: list[str]) -> int:
         try:
             plan = make_plan(sel)
         except SuiteError as e:
-            print(f"dskbench.suite: {e}", file=sys.stderr)
+            print(f"dskbench.frontends.suite: {e}", file=sys.stderr)
             return 2
         Path(argv[1]).write_text(json.dumps(plan.to_json()))
         return 0
-    print("usage: python -m dskbench.suite plan OUT.json < selection.json", file=sys.stderr)
+    print("usage: python -m dskbench.frontends.suite plan OUT.json < selection.json", file=sys.stderr)
     return 2
 
 

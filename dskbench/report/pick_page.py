@@ -10,15 +10,25 @@ from collections import defaultdict
 from html import escape
 from typing import Any
 
-from dskbench.compare import format_number
-from dskbench.pick import Cell, Estimate, FlagChoice, Launch, Outcome, PhasePick, Pick, RowPick, Total
+from dskbench.analysis.compare import format_number
+from dskbench.analysis.pick import (
+    Cell,
+    Estimate,
+    FlagChoice,
+    Launch,
+    Outcome,
+    PhasePick,
+    Pick,
+    RowPick,
+    Total,
+)
 
 SCHEMA = "dskbench.pick/1"
 RULE = (
     "winner = lowest median among correct (status ok) candidates; a path sums its kernels' medians and "
     "combines their p10-p90 half-widths in quadrature. 'tie' unless the runner-up is slower beyond "
     "run-to-run noise, dskbench compare's rule: its p10 is above the winner's by more than the noise floor "
-    "of the winner's latency band (dskbench/noise_prior.json) and, when both kept >= 8 raw samples, a "
+    "of the winner's latency band (dskbench/analysis/noise_prior.json) and, when both kept >= 8 raw samples, a "
     "two-sided Mann-Whitney U test gives p < 0.001."
 )
 SCOPE_NAMES = {

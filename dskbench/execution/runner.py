@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.adapters import get_adapter
-from dskbench.backends import Backend, DeviceInfo
+from dskbench.adapters.backends import Backend, DeviceInfo
 from dskbench.execution.case import (  # noqa: F401 - the public names of one case's execution
     Prepared,
     backend_block,
@@ -42,7 +42,7 @@ from dskbench.execution.sweep import (  # noqa: F401
     run_in_process,
     worker_plan,
 )
-from dskbench.shapes import ModelShapes
+from dskbench.shapes.cases import ModelShapes
 
 # Registry statuses whose kernels are planned case by case: a needs-multi-gpu kernel with an adapter
 # gets one record per case, skipped with the GPU count it needs (scripts/comm_bench.py measures it).
@@ -137,12 +137,12 @@ def run_sweep(
 ) -> SweepSummary:
     """Run a planned sweep on this machine's GPU (or CPU), or sharded over several (opts.gpus > 1)."""
     if opts.gpus > 1:
-        from dskbench.shard import run_sharded
+        from dskbench.execution.shard import run_sharded
 
         return run_sharded(items, skips, opts, out, progress)
     import dataclasses
 
-    from dskbench.environment import environment, multicast_env, new_run_id
+    from dskbench.results.environment import environment, multicast_env, new_run_id
 
     device = DeviceInfo.detect(opts.device)
     run_id = new_run_id()

@@ -1,12 +1,12 @@
 """Which software stack this box needs, and whether the Python at hand has it: scripts/setup.sh asks
 before it installs anything (so the standard library only, and torch imported only when asked).
 
-    python3 -m dskbench.stack gpu      exit 0 when `nvidia-smi -L` lists a GPU, else 1
-    python3 -m dskbench.stack check    exit 0 when this Python has the `gpu` extra's pinned versions;
+    python3 -m dskbench.setup.stack gpu      exit 0 when `nvidia-smi -L` lists a GPU, else 1
+    python3 -m dskbench.setup.stack check    exit 0 when this Python has the `gpu` extra's pinned versions;
                                        else 1, one line per package that differs
-    python3 -m dskbench.stack tools    exit 0 when this Python can build dskbench without an index (its own
+    python3 -m dskbench.setup.stack tools    exit 0 when this Python can build dskbench without an index (its own
                                        setuptools, and wheel for a setuptools before 70.1); else 1, one line
-    python3 -m dskbench.stack cuda     exit 0 when torch can use the GPU nvidia-smi sees; else 1 and one
+    python3 -m dskbench.setup.stack cuda     exit 0 when torch can use the GPU nvidia-smi sees; else 1 and one
                                        line saying what does not match (driver, CUDA build of torch)
 """
 
@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The packages whose versions must match: the rest of the extra (triton, asv, ...) follows from them.
 CHECKED = ("torch", "sglang-kernel", "flashinfer-python", "sglang")
 
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"dskbench: {problem}", file=sys.stderr)
         return 1 if problem else 0
-    print("dskbench.stack: expected one of: gpu, check, tools, cuda", file=sys.stderr)
+    print("dskbench.setup.stack: expected one of: gpu, check, tools, cuda", file=sys.stderr)
     return 2
 
 

@@ -39,15 +39,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dskbench.backends import DeviceInfo
-from dskbench.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
+from dskbench.adapters.backends import DeviceInfo
 from dskbench.execution.cost import (
     UNIT_OVERHEAD_S,
     item_cost,
 )
 from dskbench.execution.pool import Slot
+from dskbench.execution.runner import (
+    SweepOptions,
+    WorkItem,
+    dedupe_items,
+    measure_settings,
+    sweep_seed,
+    timed_ceilings,
+)
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
-from dskbench.runner import SweepOptions, WorkItem, dedupe_items, measure_settings, sweep_seed, timed_ceilings
+from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
 
 PROBE_PREFIX = "PROBE "
 PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU
@@ -104,7 +111,7 @@ def worker_env(
 def measured_costs(paths: Sequence[Path]) -> dict[tuple[str, str], float]:
     """(case_id, backend) -> the seconds its item took in earlier results (`stages.item_s`), for a
     balanced cut of the next sweep: the model above is blind to e.g. a slow reference check."""
-    from dskbench.results import read_runs
+    from dskbench.results.io import read_runs
 
     out: dict[tuple[str, str], float] = {}
     for run in read_runs(list(paths)):
@@ -215,7 +222,7 @@ def print_shards(items: Sequence[WorkItem], opts: SweepOptions) -> list[list[Wor
 
 def probe(kind: str, want_ceilings: bool) -> dict[str, Any]:
     """What one GPU's process sees: its identity, and its ceilings (measured there, for its metrics)."""
-    from dskbench.environment import device_block
+    from dskbench.results.environment import device_block
 
     device = DeviceInfo.detect(kind)
     if kind == "cuda" and device.kind != "cuda":
@@ -234,7 +241,7 @@ def probe_gpus(tokens: Sequence[str], kind: str, want_ceilings: bool) -> list[di
     """Probe every GPU at once, each in a process that sees it alone (the parent touches none)."""
 
     def one(token: str) -> dict[str, Any]:
-        cmd = [sys.executable, "-m", "dskbench.shard", "probe", kind, "1" if want_ceilings else "0"]
+        cmd = [sys.executable, "-m", "dskbench.execution.shard", "probe", kind, "1" if want_ceilings else "0"]
         try:
             done = subprocess.run(
                 cmd, env=worker_env(token), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
@@ -270,7 +277,7 @@ def run_sharded(
     progress: Any = None,
 ) -> SweepSummary:
     """run_sweep over opts.gpus GPUs: one writer, one worker per GPU at a time, records as they finish."""
-    from dskbench.environment import environment, new_run_id
+    from dskbench.results.environment import environment, new_run_id
 
     n = opts.gpus
     host = DeviceInfo.detect("cuda")
@@ -321,9 +328,9 @@ def run_sharded(
 
 
 def main(argv: list[str]) -> int:
-    """`python -m dskbench.shard probe KIND WANT_CEILINGS`: one GPU's identity as a PROBE line."""
+    """`python -m dskbench.execution.shard probe KIND WANT_CEILINGS`: one GPU's identity as a PROBE line."""
     if len(argv) != 3 or argv[0] != "probe":
-        print("usage: python -m dskbench.shard probe cuda|cpu 0|1", file=sys.stderr)
+        print("usage: python -m dskbench.execution.shard probe cuda|cpu 0|1", file=sys.stderr)
         return 2
     print(PROBE_PREFIX + json.dumps(probe(argv[1], argv[2] == "1"), default=str), flush=True)
     return 0

@@ -4,8 +4,8 @@ run-to-run noise.
     dskbench compare OLD NEW
     dskbench compare OLD1 OLD2 ... -- NEW1 NEW2 ...      (several runs per side; folders work too)
 
-The rule is dskbench.verdict's (the same for the report's marks and pick's ties); the noise floors are
-dskbench.noise's. Inputs are read by dskbench.compare_inputs. Each measurement counts once: a
+The rule is dskbench.analysis.verdict's (the same for the report's marks and pick's ties); the noise floors are
+dskbench.analysis.noise's. Inputs are read by dskbench.analysis.compare_inputs. Each measurement counts once: a
 ``shared_with`` twin is listed under its measured case (``-v``), never as a second change.
 Exit status: 1 when a measurement regressed (slower, or broke), 2 on bad input, else 0.
 """
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dskbench.compare_inputs import (
+from dskbench.analysis.compare_inputs import (
     Key,
     Obs,
     RunInfo,
@@ -32,9 +32,8 @@ from dskbench.compare_inputs import (
     stat_from_record,
     stats_from_runs,
 )
-from dskbench.noise import Prior, PriorError, load_prior
-from dskbench.results import ResultsError, Run
-from dskbench.verdict import (
+from dskbench.analysis.noise import Prior, PriorError, load_prior
+from dskbench.analysis.verdict import (
     DEFAULT_THRESHOLD,
     Stat,
     Verdict,
@@ -42,6 +41,7 @@ from dskbench.verdict import (
     judge,
     mann_whitney_p,
 )
+from dskbench.results.io import ResultsError, Run
 
 __all__ = [
     "Change",
@@ -269,7 +269,7 @@ def compare(
     prior: Prior | None = None,
     history: Side | None = None,
 ) -> Comparison:
-    """Match old and new by (machine, case, backend) and judge each pair (dskbench.verdict.judge)."""
+    """Match old and new by (machine, case, backend) and judge each pair (dskbench.analysis.verdict.judge)."""
     old, new = _as_side(old_runs), _as_side(new_runs)
     old_stats, new_stats = old.stats(), new.stats()
     twins = {**old.twins(), **new.twins()}

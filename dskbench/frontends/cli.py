@@ -100,7 +100,7 @@ def _gpus(s: str) -> str:
 
 
 def _point(s: str) -> dict[str, int]:
-    from dskbench.selection import parse_point
+    from dskbench.execution.selection import parse_point
 
     try:
         return parse_point(s)
@@ -357,7 +357,7 @@ def _main(argv: list[str] | None) -> int:
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if args.command == "registry":
-            from dskbench.registry import cli_generate
+            from dskbench.registry.load import cli_generate
 
             return cli_generate(args.traces, args.out, args.check)
         if args.command == "list":
@@ -377,14 +377,14 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "report":
             return cmd_report(args)
         if args.command == "pick":
-            from dskbench.pick import cli_pick
+            from dskbench.analysis.pick import cli_pick
 
             batch = list(args.batch) if args.batch else None
             return cli_pick(
                 args.results, args.phase, batch, args.tp, args.out, kv_len=args.kv_len, device=args.device
             )
         if args.command == "compare":
-            from dskbench.compare import cli_compare
+            from dskbench.analysis.compare import cli_compare
 
             if args.new_side is not None:
                 old_side, new_side = list(args.paths), list(args.new_side)
@@ -424,8 +424,8 @@ def _compare_sides(argv: list[str]) -> list[str]:
 
 
 def _registry_and_shapes():
-    from dskbench.registry import RegistryError, load_registry
-    from dskbench.shapes import ShapeError, default_shapes
+    from dskbench.registry.load import RegistryError, load_registry
+    from dskbench.shapes.cases import ShapeError, default_shapes
 
     try:
         shapes = default_shapes()
@@ -438,7 +438,7 @@ def _plan(
     args: argparse.Namespace, opts: Any, registry: dict[str, Any], shapes: Any
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Check the options against the shapes file, then plan: the work items and the planned skips."""
-    from dskbench.runner import PlanError, plan_sweep, select_kernels
+    from dskbench.execution.runner import PlanError, plan_sweep, select_kernels
 
     _check_tp(args.tp, shapes, opts.profile)
     try:
@@ -455,7 +455,7 @@ def _select(
     args: argparse.Namespace, opts: Any, registry: dict[str, Any], shapes: Any, items: list, skips: list
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """The planned cases --op and --point select."""
-    from dskbench.selection import Selection, SelectionError, filter_plan
+    from dskbench.execution.selection import Selection, SelectionError, filter_plan
 
     try:
         sel = Selection.from_args(args.op, args.point, shapes)
@@ -536,7 +536,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _device_choice(requested: str | None) -> tuple[str, str | None]:
     """The device to run on, and a message to print (or an error)."""
-    from dskbench.backends import DeviceInfo
+    from dskbench.adapters.backends import DeviceInfo
 
     found = DeviceInfo.detect("cuda")
     if requested == "cuda" and found.kind != "cuda":
@@ -560,8 +560,8 @@ def _sweeps(asked: list[str] | None) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from dskbench.environment import NO_MULTICAST_ENV, no_multicast_asked
-    from dskbench.runner import SweepOptions, run_sweep
+    from dskbench.execution.runner import SweepOptions, run_sweep
+    from dskbench.results.environment import NO_MULTICAST_ENV, no_multicast_asked
 
     for flag in ("retry_errors", "allow_mixed_settings"):
         if getattr(args, flag) and not args.resume:
@@ -575,8 +575,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     gpus = 1
     if args.gpus is not None:
-        from dskbench.backends import DeviceInfo
-        from dskbench.shard import ShardError, parse_gpus
+        from dskbench.adapters.backends import DeviceInfo
+        from dskbench.execution.shard import ShardError, parse_gpus
 
         if args.no_isolate:
             print(
@@ -614,13 +614,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     registry, shapes = _registry_and_shapes()
     if not args.allow_drift:
-        from dskbench.registry import drift_message
+        from dskbench.registry.load import drift_message
 
         if drift := drift_message():
             raise UsageError(drift)
     items, skips = _plan(args, opts, registry, shapes)
     out = args.out or paths.RESULTS_DIR / f"run-{device}-{_stamp()}.jsonl"
-    from dskbench.results import ResultsError
+    from dskbench.results.io import ResultsError
 
     try:
         items, skips = _open_out(out, args, opts, items, skips)
@@ -634,13 +634,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{s['kernel']}  skipped: {s['reason']}")
         print(f"{len(items)} cases to run, {len(skips)} kernels skipped at planning")
         if gpus > 1:
-            from dskbench.shard import print_shards
+            from dskbench.execution.shard import print_shards
 
             print_shards(items, opts)
         return EXIT_OK
     where = f"{gpus} GPUs" if gpus > 1 else device
     print(f"{len(items)} cases on {where} ({profile} sweep {', '.join(sweeps)}) -> {out}", file=sys.stderr)
-    from dskbench.progress import Progress
+    from dskbench.execution.progress import Progress
 
     progress = Progress(len(items))
     try:
@@ -660,8 +660,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _print_table(out: Path) -> None:
     """The end-of-run table of this run (the file's last) on stdout."""
-    from dskbench.results import ResultsError, read_runs
-    from dskbench.run_table import run_table
+    from dskbench.report.run_table import run_table
+    from dskbench.results.io import ResultsError, read_runs
 
     try:
         runs = read_runs([out])
@@ -675,7 +675,7 @@ def _print_table(out: Path) -> None:
 def _open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips: list) -> tuple[list, list]:
     """Check --out before anything runs (ours or new; an unfinished last line cut off) and, with
     --resume, drop the cases it already holds. Raises ResultsError with a one-line reason."""
-    from dskbench.results import (
+    from dskbench.results.io import (
         ResultsError,
         finished_cases,
         latest_by_case,
@@ -720,16 +720,16 @@ def _open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from dskbench.runner import SweepOptions
-    from dskbench.warm import default_jobs, warm
+    from dskbench.execution.runner import SweepOptions
+    from dskbench.execution.warm import default_jobs, warm
 
     device, note = _device_choice(args.device)
     if note:
         print(note, file=sys.stderr)
     tokens = None
     if args.gpus is not None:
-        from dskbench.backends import DeviceInfo
-        from dskbench.shard import ShardError, parse_gpus, visible_gpus
+        from dskbench.adapters.backends import DeviceInfo
+        from dskbench.execution.shard import ShardError, parse_gpus, visible_gpus
 
         try:
             n = parse_gpus(args.gpus, DeviceInfo.detect("cuda").count if device == "cuda" else 0)
@@ -762,7 +762,7 @@ def _stamp() -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     from dskbench.report import write_report
     from dskbench.report.csv_out import write_csv
-    from dskbench.results import ResultsError, read_runs
+    from dskbench.results.io import ResultsError, read_runs
 
     try:
         runs = read_runs(args.results)

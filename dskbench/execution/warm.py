@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dskbench.backends import DeviceInfo
+from dskbench.adapters.backends import DeviceInfo
 from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.sweep import case_limits, worker_plan
@@ -101,7 +101,7 @@ def run_warm(
     gpu_tokens: CUDA_VISIBLE_DEVICES value of each GPU to spread the workers over (round robin by
     job); None leaves the environment as it is. Returns one WarmResult per item, in plan order.
     """
-    from dskbench.shard import worker_env
+    from dskbench.execution.shard import worker_env
 
     picked = warm_items(items)
     if not picked:
@@ -175,7 +175,7 @@ def warm(
         print(line)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        from dskbench.environment import environment
+        from dskbench.results.environment import environment
 
         doc = {
             "environment": environment(DeviceInfo.detect(opts.device)),  # date, host, GPU, versions, git

@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from dskbench import paths
-from dskbench.exprs import ExprError, evaluate
-from dskbench.shapes import ModelShapes
+from dskbench.shapes.cases import ModelShapes
+from dskbench.shapes.exprs import ExprError, evaluate
 
 DEPLOYMENT_FILE = paths.REPO_ROOT / "shapes" / "deployment.yaml"
 SCOPES = ("layer", "step", "nextn", "spec")

@@ -26,8 +26,8 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from dskbench.results import ResultsError, Run, is_results_file, read_runs
-from dskbench.verdict import Stat
+from dskbench.analysis.verdict import Stat
+from dskbench.results.io import ResultsError, Run, is_results_file, read_runs
 
 LATENCY_METRICS = ("track_latency",)
 

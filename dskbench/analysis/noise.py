@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dskbench.verdict import Stat
+    from dskbench.analysis.verdict import Stat
 
 PRIOR_FILE = Path(__file__).with_name("noise_prior.json")
-PRIOR_SCHEMA = "dskbench.noise-prior/1"
+PRIOR_SCHEMA = "dskbench.analysis.noise-prior/1"
 BAND_EDGES_US = (0.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0, math.inf)
 STATISTICS = ("median", "p10")
 QUANTILE = 0.999  # of |change| between unchanged runs: about the largest move, not a typical one
