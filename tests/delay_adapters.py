@@ -79,7 +79,7 @@ def _tensors(inputs: dict[str, Any]):
 
 def install(spec: dict[str, Any]) -> list[str]:
     """Wrap the binders named in `spec`; returns 'kernel/backend' of each wrapped backend."""
-    for mod in registry.MODULES:
+    for mod in registry.adapter_modules():
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError:

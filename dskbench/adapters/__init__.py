@@ -4,27 +4,27 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 from dskbench.adapters.base import Adapter
 
-# One module per kernel family. A module registers its adapters with @register when imported.
+# Every module under dskbench/adapters/ (family folders included) registers its adapters with @register when
+# imported; adding a kernel is adding a file. base, backends and common hold no adapters.
 # DSKBENCH_EXTRA_ADAPTERS=mod1,mod2 imports more modules (tests use it for fake kernels).
-MODULES = (
-    "dskbench.adapters.norm",
-    "dskbench.adapters.activation",
-    "dskbench.adapters.rope",
-    "dskbench.adapters.quant",
-    "dskbench.adapters.gemm",
-    "dskbench.adapters.moe",
-    "dskbench.adapters.routing",
-    "dskbench.adapters.attention",
-    "dskbench.adapters.sampling",
-    "dskbench.adapters.speculative",
-    "dskbench.adapters.nsa",
-    "dskbench.adapters.nvfp4",
-    "dskbench.adapters.misc",
-    "dskbench.adapters.comm",
-)
+NOT_ADAPTERS = ("base", "backends", "common")
+
+
+def adapter_modules() -> tuple[str, ...]:
+    """The adapter modules of the package, found on disk (sorted: a stable registration order)."""
+    here = Path(__file__).resolve().parent
+    found = []
+    for f in sorted(here.rglob("*.py")):
+        rel = f.relative_to(here).with_suffix("")
+        if rel.parts[0] in NOT_ADAPTERS or rel.name == "__init__":
+            continue
+        found.append(".".join(("dskbench", "adapters", *rel.parts)))
+    return tuple(found)
+
 
 _REGISTRY: dict[str, type[Adapter]] = {}
 _imported: set[str] = set()
@@ -43,7 +43,7 @@ def register(cls: type[Adapter]) -> type[Adapter]:
 def _load_all() -> None:
     """Import the adapter modules not imported yet (extra modules may be named after the first call)."""
     extra = tuple(m.strip() for m in os.environ.get("DSKBENCH_EXTRA_ADAPTERS", "").split(",") if m.strip())
-    for mod in (*MODULES, *extra):
+    for mod in (*adapter_modules(), *extra):
         if mod in _imported:
             continue
         try:

@@ -1,4 +1,4 @@
-"""Helpers shared by the small, memory-bound adapters (norm, activation, rope, quant, sampling, speculative).
+"""The input builders every adapter shares: seeded generators, random tensors, byte counts, exact checks.
 
 Inputs come from a seeded CPU generator (small draws) and device generators seeded from it (large
 tensors), so a seed gives the same inputs on a given device and `make_inputs` works without a GPU.
@@ -32,7 +32,9 @@ def generator(seed: int) -> torch.Generator:
 
 def device_generator(gen: torch.Generator, device: str) -> torch.Generator:
     """A generator on `device` seeded from `gen`: large tensors are drawn where they live (drawing
-    hundreds of MB on the host would dominate a GPU sweep)."""
+    hundreds of MB on the host would dominate a GPU sweep). A generator already on `device` is returned."""
+    if gen.device.type == torch.device(device).type:
+        return gen
     seed = int(torch.randint(0, 2**62, (1,), generator=gen))
     return torch.Generator(device=device).manual_seed(seed)
 
@@ -44,9 +46,22 @@ def randn(
     dtype: torch.dtype = torch.bfloat16,
     scale: float = 1.0,
 ) -> torch.Tensor:
-    """Normal values (never all zero), drawn in fp32 on `device` then cast."""
+    """Normal values times `scale` (never all zero), drawn in fp32 on `device` then cast."""
     x = torch.randn(tuple(shape), generator=device_generator(gen, device), device=device, dtype=torch.float32)
     return (x * scale).to(dtype)
+
+
+def uniform(
+    shape: tuple[int, ...] | list[int],
+    gen: torch.Generator,
+    device: str,
+    lo: float,
+    hi: float,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Uniform values in [lo, hi), drawn in fp32 on `device` then cast."""
+    x = torch.rand(tuple(shape), generator=device_generator(gen, device), device=device, dtype=torch.float32)
+    return x.mul_(hi - lo).add_(lo).to(dtype)
 
 
 def enable_pdl(t: torch.Tensor) -> bool:
