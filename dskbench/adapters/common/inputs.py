@@ -32,8 +32,8 @@ def generator(seed: int) -> torch.Generator:
 
 def device_generator(gen: torch.Generator, device: str) -> torch.Generator:
     """A generator on `device` seeded from `gen`: large tensors are drawn where they live (drawing
-    hundreds of MB on the host would dominate a GPU sweep). A generator already on `device` is returned."""
-    if gen.device.type == torch.device(device).type:
+    hundreds of MB on the host would dominate a GPU sweep). A GPU generator already on `device` is returned."""
+    if gen.device.type != "cpu" and gen.device.type == torch.device(device).type:
         return gen
     seed = int(torch.randint(0, 2**62, (1,), generator=gen))
     return torch.Generator(device=device).manual_seed(seed)
