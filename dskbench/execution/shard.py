@@ -40,19 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.adapters.backends import DeviceInfo
+from dskbench.execution.case import measure_settings, timed_ceilings
 from dskbench.execution.cost import (
     UNIT_OVERHEAD_S,
     item_cost,
 )
+from dskbench.execution.items import SweepOptions, WorkItem, dedupe_items, sweep_seed
 from dskbench.execution.pool import Slot
-from dskbench.execution.runner import (
-    SweepOptions,
-    WorkItem,
-    dedupe_items,
-    measure_settings,
-    sweep_seed,
-    timed_ceilings,
-)
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
 from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
 
