@@ -1,1 +1,1 @@
-"""EAGLE / NextN (MTP) speculative-decoding kernels: draft top-k, tree building, greedy and sampling verify."""
+"""EAGLE / NextN (MTP) speculative decoding: draft top-k, tree building, greedy and sampling verify."""
