@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,6 +90,11 @@ def test_fusion_reference_is_all_reduce_then_residual_add_then_rmsnorm():
     want = torch.nn.functional.rms_norm(r, (128,), weight=inputs["gamma"].float(), eps=1e-6)
     assert torch.allclose(norm_out, want, rtol=1e-5, atol=1e-5)
     assert set(a.rank_inputs(inputs, 1)) == {"x", "residual", "gamma"}
+    # eps is the case's model's rms_norm_eps, not a constant
+    loose = replace(case, model={**case.model, "rms_norm_eps": 1.0})
+    want_loose = torch.nn.functional.rms_norm(r, (128,), weight=inputs["gamma"].float(), eps=1.0)
+    assert torch.allclose(a.reference(inputs, loose)[0], want_loose, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(want_loose, want, rtol=1e-3, atol=1e-3)
 
 
 def test_adapters_need_their_tp_degree_and_use_the_shapes_file_cases():
