@@ -216,7 +216,7 @@ class Plan:
 def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
     """(kernel, backends, cases) for this world size; raises ValueError on an unknown backend."""
     from dskbench.adapters import get_adapter
-    from dskbench.adapters.comm import comm_cases
+    from dskbench.adapters.comm.allreduce import comm_cases
     from dskbench.shapes.cases import default_shapes
 
     shapes = default_shapes()
@@ -498,7 +498,7 @@ def run_case(adapter, backend, setup, case, ctx, agree, args, run_seed: int) -> 
 def summarize_ranks(timings: list[dict[str, Any]], case: Any) -> dict[str, Any]:
     """The slowest rank's timing (a collective ends when its last rank does), every rank's median, and
     the metrics at the slowest median."""
-    from dskbench.adapters.comm import algbw_gbps, bus_bytes, busbw_gbps, payload_bytes
+    from dskbench.adapters.comm.allreduce import algbw_gbps, bus_bytes, busbw_gbps, payload_bytes
     from dskbench.measure import metrics
 
     world = len(timings)
@@ -604,7 +604,8 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
 
     from dskbench.adapters import get_adapter
     from dskbench.adapters.backends import DeviceInfo, Unavailable, resolve
-    from dskbench.adapters.comm import RANK_SETUPS, RankContext
+    from dskbench.adapters.comm.rank import RankContext
+    from dskbench.adapters.comm.setups import RANK_SETUPS
     from dskbench.execution.case import backend_block
     from dskbench.execution.gate import skip_reason
     from dskbench.execution.items import SweepOptions, sweep_seed

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from dskbench.adapters.backends import Backend
-from dskbench.adapters.norm import RMSNormAdapter
+from dskbench.adapters.norm.rmsnorm import RMSNormAdapter
 
 _kernels: dict[str, Any] = {}
 

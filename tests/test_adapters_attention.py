@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from dskbench.adapters import adapters, get_adapter
-from dskbench.adapters import attention as A
+from dskbench.adapters.attention import merge_state as MS
+from dskbench.adapters.attention import mha_prefill as MP
+from dskbench.adapters.attention import mla as MLA
+from dskbench.adapters.attention import mla_decode as MD
+from dskbench.adapters.attention import mla_decode_triton as MDT
 from dskbench.adapters.backends import SM100
 from dskbench.shapes.cases import Case, default_shapes
 
@@ -41,8 +45,10 @@ def _cases(kernel: str, profile: str = "cpu", tp: int = 1) -> list[Case]:
 
 def test_softmax_scale_is_sglang_deepseek_scaling():
     mscale = 0.1 * math.log(40) + 1
-    assert A.mla_softmax_scale() == pytest.approx(mscale**2 / math.sqrt(192))
-    assert A.mla_softmax_scale() == pytest.approx(0.13523, abs=1e-5)
+    assert MLA.mla_softmax_scale(192) == pytest.approx(mscale**2 / math.sqrt(192))
+    assert MLA.mla_softmax_scale(192) == pytest.approx(0.13523, abs=1e-5)
+    case = _cases("decode_attention_kernel")[0]
+    assert MLA.case_softmax_scale(case) == MLA.mla_softmax_scale(int(SHAPES.config["Dq"]))  # the case's model
 
 
 # -- MLA decode ------------------------------------------------------------------------------------------
@@ -50,18 +56,18 @@ def test_softmax_scale_is_sglang_deepseek_scaling():
 
 def test_page_views_address_the_same_rows():
     pages = torch.tensor([3, 0], dtype=torch.int32)
-    slots = A.token_slots(pages, 130)
+    slots = MD.token_slots(pages, 130)
     assert slots[:128].tolist() == list(range(384, 512)) and slots[128:].tolist() == [0, 1]
-    sub = A._sub_pages(pages.unsqueeze(0), 64)
+    sub = MD.sub_pages(pages.unsqueeze(0), 64)
     assert sub.tolist() == [[6, 7, 0, 1]] and sub.dtype == torch.int32
     via64 = (sub[0].long().unsqueeze(1) * 64 + torch.arange(64)).flatten()[:130]
     assert torch.equal(via64, slots)
-    assert torch.equal(A._sub_pages(pages.unsqueeze(0), 1)[0].long()[:130], slots)
+    assert torch.equal(MD.sub_pages(pages.unsqueeze(0), 1)[0].long()[:130], slots)
 
 
 def test_token_indices_concatenate_requests():
     inputs = {"page_table": torch.tensor([[1], [0]], dtype=torch.int32), "seq_lens": torch.tensor([3, 2])}
-    indptr, idx = A._token_indices(inputs, torch.int64)
+    indptr, idx = MD.token_indices(inputs, torch.int64)
     assert indptr.tolist() == [0, 3, 5] and idx.tolist() == [128, 129, 130, 0, 1]
 
 
@@ -71,7 +77,7 @@ def test_mla_decode_reference_against_float64_loop():
     kv = torch.randn(3 * 128, 576, generator=gen).to(torch.bfloat16)
     pt = torch.tensor([[2, 0], [1, 2]], dtype=torch.int32)
     lens = torch.tensor([130, 5], dtype=torch.int32)
-    out = A.mla_decode_reference(q, kv, pt, lens, 0.05)
+    out = MD.mla_decode_reference(q, kv, pt, lens, 0.05, 64)
     assert out.shape == (2, 3, 512) and out.dtype == torch.float32
     for b, length in enumerate(lens.tolist()):
         rows = [int(pt[b, i // 128]) * 128 + i % 128 for i in range(length)]
@@ -85,9 +91,9 @@ def test_mla_decode_reference_against_float64_loop():
 
 
 def test_kv_splits_cap_is_sglangs():
-    assert A.mla_decode_kv_splits_cap(8, 132, 163840) == 256  # H100: next_pow2(132 SMs)
-    assert A.mla_decode_kv_splits_cap(8, 0, 163840) == 8
-    assert A.mla_decode_kv_splits_cap(8, 132, 100) == 8  # a short context caps below the base
+    assert MDT.mla_decode_kv_splits_cap(8, 132, 163840) == 256  # H100: next_pow2(132 SMs)
+    assert MDT.mla_decode_kv_splits_cap(8, 0, 163840) == 8
+    assert MDT.mla_decode_kv_splits_cap(8, 132, 100) == 8  # a short context caps below the base
 
 
 @pytest.mark.parametrize("kernel", DECODE)
@@ -130,16 +136,16 @@ def test_decode_kv_budget_skip_and_traffic():
 
 
 def test_prefill_request_split():
-    assert A.prefill_seq_lens(512) == [512]
-    assert A.prefill_seq_lens(16384) == [4096] * 4
-    assert A.prefill_seq_lens(5000) == [4096, 904]
+    assert MP.prefill_seq_lens(512) == [512]
+    assert MP.prefill_seq_lens(16384) == [4096] * 4
+    assert MP.prefill_seq_lens(5000) == [4096, 904]
 
 
 def test_mha_causal_reference_against_float64_loop():
     gen = torch.Generator().manual_seed(1)
     q, k = (torch.randn(5, 2, 8, generator=gen).to(torch.bfloat16) for _ in range(2))
     v = torch.randn(5, 2, 4, generator=gen).to(torch.bfloat16)
-    out = A.mha_causal_reference(q, k, v, [3, 2], 0.3)
+    out = MP.mha_causal_reference(q, k, v, [3, 2], 0.3)
     assert out.shape == (5, 2, 4) and out.dtype == torch.float32
     for start, length in ((0, 3), (3, 2)):
         for i in range(length):
@@ -178,9 +184,9 @@ def test_prefill_inputs_reference_and_traffic(kernel):
 def test_merge_state_reference_by_hand_both_bases():
     va, vb = torch.tensor([[[1.0]]]), torch.tensor([[[3.0]]])
     sa, sb = torch.tensor([[0.0]]), torch.tensor([[1.0]])
-    v2, s2 = A.merge_state_reference(va, sa, vb, sb, base2=True)
+    v2, s2 = MS.merge_state_reference(va, sa, vb, sb, base2=True)
     assert v2.item() == pytest.approx(7 / 3) and s2.item() == pytest.approx(1 + math.log2(1.5))
-    ve, se = A.merge_state_reference(va, sa, vb, sb, base2=False)
+    ve, se = MS.merge_state_reference(va, sa, vb, sb, base2=False)
     e = math.exp(-1)
     assert ve.item() == pytest.approx((e + 3) / (e + 1)) and se.item() == pytest.approx(1 + math.log(1 + e))
 
@@ -195,7 +201,7 @@ def test_merging_two_halves_equals_full_softmax():
         return (w @ vals[sl]).view(1, 1, 4), torch.logsumexp(logits[sl], 0).view(1, 1)
 
     (va, sa), (vb, sb) = part(slice(0, 6)), part(slice(6, 10))
-    v, s = A.merge_state_reference(va, sa, vb, sb, base2=False)
+    v, s = MS.merge_state_reference(va, sa, vb, sb, base2=False)
     assert torch.allclose(v.view(4).double(), torch.softmax(logits, 0) @ vals, atol=1e-6)
     assert s.item() == pytest.approx(float(torch.logsumexp(logits, 0)), abs=1e-5)
 
@@ -216,7 +222,7 @@ def test_merge_inputs_reference_traffic(kernel):
 
 
 def test_merge_state_flashinfer_head_limit():
-    assert A.flashinfer_merge_state_max_heads(128, 2) == 64
+    assert MS.flashinfer_merge_state_max_heads(128, 2) == 64
     (fi,) = get_adapter("merge_state").backends
     assert "1024 threads" in fi.skip(_cases("merge_state")[0])  # 128 heads
     assert fi.skip(_cases("merge_state", "quick", tp=8)[0]) is None  # 16 heads
@@ -386,7 +392,7 @@ def test_prefill_binds_with_cpu_standins():
         assert b_start_loc.tolist() == [sum(lens[:i]) for i in range(len(lens))] and max_input_len == max(
             lens
         )
-        o.copy_(A.mha_causal_reference(q, k, v, lens, sm_scale).to(o.dtype))
+        o.copy_(MP.mha_causal_reference(q, k, v, lens, sm_scale).to(o.dtype))
 
     def extend_attention_fwd(
         q,
@@ -408,7 +414,7 @@ def test_prefill_binds_with_cpu_standins():
     ):
         assert not kv_indptr.any() and custom_mask is None and is_causal and (k_scale, v_scale) == (1.0, 1.0)
         lens = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
-        o.copy_(A.mha_causal_reference(q, k, v, lens, sm_scale).to(o.dtype))
+        o.copy_(MP.mha_causal_reference(q, k, v, lens, sm_scale).to(o.dtype))
 
     def ragged(
         *,
@@ -432,7 +438,7 @@ def test_prefill_binds_with_cpu_standins():
         out,
     ):
         assert torch.equal(cum_seq_lens_q, cum_seq_lens_kv) and batch_size == len(seq_lens) and is_causal
-        out.copy_(A.mha_causal_reference(query, key, value, seq_lens.tolist(), bmm1_scale).to(out.dtype))
+        out.copy_(MP.mha_causal_reference(query, key, value, seq_lens.tolist(), bmm1_scale).to(out.dtype))
 
     fakes = {
         "prefill_attention_kernel": context_attention_fwd,
@@ -441,7 +447,8 @@ def test_prefill_binds_with_cpu_standins():
     }
     for kernel, fake in fakes.items():
         a = get_adapter(kernel)
-        c = Case(kernel, "attn_mha", "prefill", {"T": 4100}, {"T": 4100, "Nh": 2, "Dq": 192, "Dv": 128})
+        dims = {"T": 4100, "Nh": 2, "Dq": 192, "Dv": 128}
+        c = Case(kernel, "attn_mha", "prefill", {"T": 4100}, dims, model=SHAPES.config)
         x = a.make_inputs(c, "cpu", 0)
         out = a.backends[0].bind(fake, x, c)()
         assert out.shape == (4100, 2, 128), kernel
@@ -454,7 +461,7 @@ def test_merge_and_concat_binds_with_cpu_standins():
     x = m.make_inputs(c, "cpu", 0)
 
     def merge_into(v_a, s_a, v_b, s_b, v_out, s_out):
-        v, s = A.merge_state_reference(v_a, s_a, v_b, s_b, base2=False)
+        v, s = MS.merge_state_reference(v_a, s_a, v_b, s_b, base2=False)
         v_out.copy_(v)
         s_out.copy_(s)
 
@@ -505,7 +512,14 @@ def test_cutlass_mla_bind_pads_heads_to_128(monkeypatch):
 
     a = get_adapter("cutlass_mla_decode")
     dims = {"B": 2, "Nh": 16, "Lkv": 512, "Dr": 64, "kv_len": 300}  # attention TP 8: 16 local heads
-    c = Case("cutlass_mla_decode", "attn_mqa", "decode", {"B": 2, "kv_len": 300, "tp": 8}, dims)
+    c = Case(
+        "cutlass_mla_decode",
+        "attn_mqa",
+        "decode",
+        {"B": 2, "kv_len": 300, "tp": 8},
+        dims,
+        model=SHAPES.config,
+    )
     x = a.make_inputs(c, "cpu", 0)
     out = a.backends[0].bind(cutlass_mla_decode, x, c)()
     assert out.shape == (2, 16, 512) and sizes == [(3 * 128, 2, 1)]

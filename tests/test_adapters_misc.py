@@ -1,4 +1,5 @@
-"""Non-kernel traced names (dskbench.adapters.misc): no adapters, and the GPU-test helpers."""
+"""Non-kernel traced names (dskbench.adapters.misc.weak_ref, the host-side workspace sizing beside
+dskbench.adapters.attention.mla_decode_cutlass): no adapters, and the GPU-test helpers."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters import misc as M
+from dskbench.adapters.attention import mla_decode_cutlass as W
 from dskbench.adapters.backends import Unavailable
+from dskbench.adapters.misc import weak_ref as M
 
 
 def test_host_functions_have_no_adapter():
@@ -23,14 +25,14 @@ def test_workspace_size_helper_passes_deepseek_arguments():
         seen.append((max_seq_len, num_batches, sm_count, num_kv_splits))
         return 1 << 20
 
-    assert M.cutlass_mla_workspace_size(fn=fake) == 1 << 20
+    assert W.cutlass_mla_workspace_size(fn=fake) == 1 << 20
     assert seen == [(163840, 64, 0, 1)]
 
 
 @pytest.mark.parametrize("bad", [0, -4, 12.0, True, None])
 def test_workspace_size_helper_rejects_non_positive_or_non_int(bad):
     with pytest.raises(ValueError, match="positive int"):
-        M.cutlass_mla_workspace_size(fn=lambda *args: bad)
+        W.cutlass_mla_workspace_size(fn=lambda *args: bad)
 
 
 def test_weak_ref_helper_demands_an_alias():
@@ -47,6 +49,6 @@ def test_helpers_name_the_sgl_kernel_functions():
         import sgl_kernel  # noqa: F401
     except ImportError:
         with pytest.raises(Unavailable):
-            M.cutlass_mla_workspace_size()
-    assert M.WORKSPACE_TARGET == "sgl_kernel.attention:cutlass_mla_get_workspace_size"
+            W.cutlass_mla_workspace_size()
+    assert W.WORKSPACE_TARGET == "sgl_kernel.attention:cutlass_mla_get_workspace_size"
     assert M.WEAK_REF_TARGET == "sgl_kernel.memory:weak_ref_tensor"

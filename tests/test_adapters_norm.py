@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters import norm as N
 from dskbench.adapters.backends import KINDS
 from dskbench.adapters.common.inputs import SGLANG_SM90
+from dskbench.adapters.norm import layernorm as LN
+from dskbench.adapters.norm import rmsnorm as N
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
@@ -25,11 +26,14 @@ def _case(kernel: str, op: str, t: int = 16) -> Case:
 
 
 def _tiny(kernel: str, d: int) -> Case:
-    return Case(kernel, "input_layernorm", "decode", {"T": 1}, {"T": 1, "D": d})
+    return Case(kernel, "input_layernorm", "decode", {"T": 1}, {"T": 1, "D": d}, model=SHAPES.config)
 
 
 def test_eps_comes_from_the_model_config():
-    assert N._eps() == EPS
+    assert N.rms_eps(_case("rmsnorm", "input_layernorm")) == EPS
+    other = {**SHAPES.config, "rms_norm_eps": 1e-5}  # a case of another model carries its own eps
+    case = Case("rmsnorm", "input_layernorm", "decode", {"T": 1}, {"T": 1, "D": 4}, model=other)
+    assert N.rms_eps(case) == 1e-5
 
 
 @pytest.mark.parametrize(
@@ -105,7 +109,7 @@ def test_traffic_matches_the_catalogue():
 
 
 def _normed(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return N._rms_ref(x, w, eps).to(x.dtype)
+    return N.rms_reference(x, w, eps).to(x.dtype)
 
 
 def aot_rmsnorm(out, input, weight, eps, enable_pdl):  # torch.ops.sgl_kernel.rmsnorm.default
@@ -232,7 +236,7 @@ def test_layernorm_reference_matches_the_formula():
         {"x": x, "gamma": g, "beta": b}, Case("layernorm", "op", "decode", {"T": 1}, {"T": 1, "D": 4})
     )
     mean, var = 3.0, (4 + 1 + 0 + 9) / 4  # biased variance, as LayerNorm uses
-    xhat = [(v - mean) / math.sqrt(var + N.LAYERNORM_EPS) for v in (1.0, 2.0, 3.0, 6.0)]
+    xhat = [(v - mean) / math.sqrt(var + LN.LAYERNORM_EPS) for v in (1.0, 2.0, 3.0, 6.0)]
     expected = torch.tensor([[xhat[0], 2 * xhat[1] + 0.5, xhat[2] - 1.0, 0.5 * xhat[3]]], dtype=torch.float64)
     assert ref.dtype == torch.float32 and torch.allclose(ref.double(), expected, rtol=1e-6, atol=1e-6)
 
@@ -245,7 +249,7 @@ def test_layernorm_check_accepts_bf16_output_and_rejects_errors():
     assert a.check(ref.to(torch.bfloat16), ref, case).ok  # one bf16 rounding: within 1.6e-2
     no_beta = a.reference({**inp, "beta": torch.zeros(128)}, case)
     assert not a.check(no_beta.to(torch.bfloat16), ref, case).ok  # the bias left out
-    rms = N._rms_ref(inp["x"], inp["gamma"], N.LAYERNORM_EPS) + inp["beta"]
+    rms = N.rms_reference(inp["x"], inp["gamma"], LN.LAYERNORM_EPS) + inp["beta"]
     assert not a.check(rms.to(torch.bfloat16), ref, case).ok  # RMSNorm instead: the mean not removed
 
 

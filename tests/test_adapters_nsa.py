@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters import nsa as NSA
+from dskbench.adapters.nsa import hadamard as NSA
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()

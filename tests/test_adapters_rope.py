@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters import rope as R
 from dskbench.adapters.backends import KINDS
 from dskbench.adapters.common.inputs import FP8, SGLANG_SM90
+from dskbench.adapters.rope import rotation as R
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters import sampling as S
 from dskbench.adapters.backends import KINDS
 from dskbench.adapters.common.inputs import SGLANG_SM90
+from dskbench.adapters.sampling import filters as S
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
@@ -129,7 +129,7 @@ def test_traffic():
 
 def _renorm_with(kernel: str):
     sets = S.top_k_sets if "top_k" in kernel else S.top_p_sets
-    return lambda probs, arr: S._renorm(probs, sets(probs, arr)[0])
+    return lambda probs, arr: S.renorm(probs, sets(probs, arr)[0])
 
 
 @pytest.mark.parametrize("kernel", ["top_k_renorm_prob", "top_p_renorm_prob"])
@@ -159,13 +159,13 @@ def test_sampler_binders_pass_seeds_and_sglang_arguments():
     def min_p(probs, min_p, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
               offset=None, return_valid=False):  # fmt: skip
         seen["min_p"] = (seed, offset, generator)
-        return S._sample(probs, S.min_p_sets(probs, min_p))
+        return S.sample_kept(probs, S.min_p_sets(probs, min_p))
 
     def top_k_top_p(probs, top_k, top_p, indices=None, filter_apply_order="top_k_first", deterministic=True,
                     generator=None, check_nan=False, seed=None, offset=None, return_valid=False):  # fmt: skip
         seen["joint"] = (filter_apply_order, top_k.dtype, top_p.dtype, seed, offset)
         keep = S.top_k_sets(probs, top_k)[0] & S.top_p_sets(probs, top_p)[0]
-        return S._sample(probs, keep)
+        return S.sample_kept(probs, keep)
 
     for kernel, fn in (
         ("min_p_sampling_from_probs", min_p),

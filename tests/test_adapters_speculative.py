@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters import speculative as SP
 from dskbench.adapters.backends import KINDS
 from dskbench.adapters.common.inputs import SGLANG_SM90, generator
+from dskbench.adapters.speculative import tree as TREE
+from dskbench.adapters.speculative import tree_sampling as TS
+from dskbench.adapters.speculative import verify_greedy as VG
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
@@ -38,7 +40,7 @@ def _custom(kernel: str, b: int, topk: int, steps: int, draft: int, v: int = 100
 
 
 def test_cases_use_sglang_mtp_defaults():
-    sd = SP.spec_dims(_case("verify_tree_greedy"))
+    sd = TREE.spec_dims(_case("verify_tree_greedy"))
     assert (sd.topk, sd.steps, sd.draft, sd.spec_tokens, sd.parent_width) == (1, 3, 4, 4, 3)
 
 
@@ -50,13 +52,13 @@ def test_duplicate_registry_op_is_measured_once():
 
 
 def test_simulated_draft_for_topk_1_is_a_chain():
-    parent_list, selected = SP.simulate_draft(SP.SpecDims(3, 100, 1, 3, 4), generator(0))
+    parent_list, selected = TREE.simulate_draft(TREE.SpecDims(3, 100, 1, 3, 4), generator(0))
     assert parent_list.tolist() == [[-1, 0, 1]] * 3 and selected.tolist() == [[0, 1, 2]] * 3
 
 
 def test_simulated_draft_for_topk_2_is_a_valid_tree():
-    sd = SP.SpecDims(8, 100, 2, 3, 6)
-    parent_list, selected = SP.simulate_draft(sd, generator(1))
+    sd = TREE.SpecDims(8, 100, 2, 3, 6)
+    parent_list, selected = TREE.simulate_draft(sd, generator(1))
     assert parent_list.shape == (8, sd.parent_width) and selected.shape == (8, 5)
     for pl, sel in zip(parent_list.tolist(), selected.tolist(), strict=True):
         assert sel == sorted(sel)
@@ -68,7 +70,7 @@ def test_simulated_draft_for_topk_2_is_a_valid_tree():
 def test_build_tree_reference_on_a_chain():
     pl = torch.tensor([[-1, 0, 1], [-1, 0, 1]])
     sel = torch.tensor([[0, 1, 2], [0, 1, 2]])
-    mask, pos, idx, nxt, sib = SP.build_tree_ref(pl, sel, torch.tensor([5, 3]), 1, 4)
+    mask, pos, idx, nxt, sib = TREE.build_tree_ref(pl, sel, torch.tensor([5, 3]), 1, 4)
     assert pos.tolist() == [5, 6, 7, 8, 3, 4, 5, 6]
     assert idx.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert nxt.tolist() == [[1, 2, 3, -1]] * 2 and sib.tolist() == [[-1] * 4] * 2
@@ -82,7 +84,7 @@ def test_build_tree_reference_on_a_chain():
 
 def test_build_tree_reference_with_siblings():
     # topk 2, 2 steps: nodes 1 and 2 are the root's children, node 3 (score index 2) hangs from node 1
-    mask, pos, _, nxt, sib = SP.build_tree_ref(
+    mask, pos, _, nxt, sib = TREE.build_tree_ref(
         torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([2]), 2, 4
     )
     assert nxt.tolist() == [[1, 3, -1, -1]] and sib.tolist() == [[-1, 2, -1, -1]]
@@ -92,15 +94,15 @@ def test_build_tree_reference_with_siblings():
 
 
 def test_verify_greedy_reference_by_hand():
-    r = SP.build_tree_ref(torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([9]), 1, 4)
+    r = TREE.build_tree_ref(torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([9]), 1, 4)
     idx, nxt, sib = r[2:]
-    pred, acc, num = SP.verify_greedy_ref(
+    pred, acc, num = VG.verify_greedy_ref(
         torch.tensor([[10, 11, 12, 13]]), idx, nxt, sib, torch.tensor([[11, 12, 99, 7]]), 4
     )
     assert pred.tolist() == [11, 12, 99, 0] and acc.tolist() == [[0, 1, 2, -1]] and num.tolist() == [2]
-    r = SP.build_tree_ref(torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([9]), 2, 4)
+    r = TREE.build_tree_ref(torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([9]), 2, 4)
     idx, nxt, sib = r[2:]
-    pred, acc, num = SP.verify_greedy_ref(
+    pred, acc, num = VG.verify_greedy_ref(
         torch.tensor([[10, 20, 21, 30]]), idx, nxt, sib, torch.tensor([[21, 30, 5, 6]]), 3
     )
     # root's target 21: child 1 (20) rejected, its sibling 2 (21) accepted; node 2 is a leaf
@@ -112,7 +114,9 @@ def _sampling_inputs(
 ) -> dict:
     b, d, _ = target.shape
     sel = torch.tensor([[0, 1, 2]] * b)
-    _, _, idx, nxt, sib = SP.build_tree_ref(torch.tensor([[-1, 0, 1]] * b), sel, torch.full((b,), 7), topk, d)
+    _, _, idx, nxt, sib = TREE.build_tree_ref(
+        torch.tensor([[-1, 0, 1]] * b), sel, torch.full((b,), 7), topk, d
+    )
     return {
         "candidates": torch.tensor(cand),
         "retrive_index": idx,
@@ -132,7 +136,7 @@ def test_tree_sampling_reference_by_hand():
     # chain root -> 1 -> 2 -> 3; node 1 (token 1, p 0.6 >= coin 0.5) accepted; node 2 (token 2, p 0.1 <
     # coin 0.7) rejected: the bonus comes from row 1 without token 2
     inp = _sampling_inputs(target, [[3, 1, 2, 0]], [[0.5, 0.7, 0.0, 0.0]], 1)
-    ref = SP.tree_sampling_ref(inp, 4)
+    ref = TS.tree_sampling_ref(inp, 4)
     assert ref.accept_index.tolist() == [[0, 1, -1, -1]] and ref.accept_token_num.tolist() == [1]
     assert ref.predicts[0] == 1 and ref.bonus_pos.tolist() == [1]
     assert ref.allowed[0].tolist() == [True, True, False, True]
@@ -146,7 +150,7 @@ def test_tree_sampling_accumulates_sibling_mass():
         [[[0.3, 0.3, 0.4, 0.0], [0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0, 0, 0, 0]]]
     )
     inp = _sampling_inputs(target, [[2, 0, 1, 3]], [[0.5, 0.9, 0.9, 0.9]], 2)
-    ref = SP.tree_sampling_ref(inp, 3)
+    ref = TS.tree_sampling_ref(inp, 3)
     assert ref.accept_index.tolist() == [[0, 2, -1]] and ref.predicts[0] == 1
     assert ref.allowed[0].tolist() == [False, False, False, True]  # node 2 is a leaf: bonus from its row
 
@@ -211,9 +215,11 @@ def test_traffic():
 
 def build_aot(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
               retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode):  # fmt: skip
-    assert tree_mask_mode == SP.FULL_MASK and bool(tree_mask.all()) and bool((retrive_next_token == -1).all())
+    assert (
+        tree_mask_mode == TREE.FULL_MASK and bool(tree_mask.all()) and bool((retrive_next_token == -1).all())
+    )
     assert verified_seq_len.dtype == torch.int64 and parent_list.shape[1] == topk * (depth - 1) + 1
-    outs = SP.build_tree_ref(parent_list, selected_index, verified_seq_len, topk, draft_token_num)
+    outs = TREE.build_tree_ref(parent_list, selected_index, verified_seq_len, topk, draft_token_num)
     for dst, src in zip(
         (tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling), outs, strict=True
     ):
@@ -242,7 +248,7 @@ def build_triton(parent_list, selected_index, verified_seq_len, seq_len_prefix_s
 def verify_aot(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                retrive_next_sibling, target_predict):  # fmt: skip
     assert predicts.dtype == accept_index.dtype == accept_token_num.dtype == torch.int32
-    outs = SP.verify_greedy_ref(candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+    outs = VG.verify_greedy_ref(candidates, retrive_index, retrive_next_token, retrive_next_sibling,
                                 target_predict, accept_index.shape[1])  # fmt: skip
     for dst, src in zip((predicts, accept_index, accept_token_num), outs, strict=True):
         dst.copy_(src)
@@ -266,7 +272,7 @@ def sampling_aot(predicts, accept_index, accept_token_num, candidates, retrive_i
         "uniform_samples": uniform_samples,
         "target_probs": target_probs,
     }
-    ref = SP.tree_sampling_ref(inputs, accept_index.shape[1], threshold_single, threshold_acc)
+    ref = TS.tree_sampling_ref(inputs, accept_index.shape[1], threshold_single, threshold_acc)
     for dst, src in zip(
         (predicts, accept_index, accept_token_num),
         (ref.predicts, ref.accept_index, ref.accept_token_num),

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,8 +20,7 @@ import pytest
 import torch
 
 from dskbench.adapters.backends import DeviceInfo
-from dskbench.adapters.comm import (
-    RANK_SETUPS,
+from dskbench.adapters.comm.allreduce import (
     CustomAllReduce,
     FlashInferCommFusion,
     algbw_gbps,
@@ -28,6 +28,7 @@ from dskbench.adapters.comm import (
     busbw_gbps,
     comm_cases,
 )
+from dskbench.adapters.comm.setups import RANK_SETUPS
 from dskbench.execution import shard
 from dskbench.execution.runner import SweepOptions, WorkItem, plan_sweep, prepare_case, run_one
 from dskbench.measure.collective import Agreement, measure_collective
@@ -43,7 +44,8 @@ H200 = DeviceInfo("cuda", "NVIDIA H200", 90, 1)
 
 
 def _case(kernel: str, t: int, world: int, h: int = 7168) -> Case:
-    return Case(kernel, "all_reduce", "decode", {"T": t, "tp": world}, {"T": t, "H": h, "world": world})
+    dims = {"T": t, "H": h, "world": world}
+    return Case(kernel, "all_reduce", "decode", {"T": t, "tp": world}, dims, model=SHAPES.config)
 
 
 # -- formulas and references ------------------------------------------------------------------------------
@@ -88,6 +90,11 @@ def test_fusion_reference_is_all_reduce_then_residual_add_then_rmsnorm():
     want = torch.nn.functional.rms_norm(r, (128,), weight=inputs["gamma"].float(), eps=1e-6)
     assert torch.allclose(norm_out, want, rtol=1e-5, atol=1e-5)
     assert set(a.rank_inputs(inputs, 1)) == {"x", "residual", "gamma"}
+    # eps is the case's model's rms_norm_eps, not a constant
+    loose = replace(case, model={**case.model, "rms_norm_eps": 1.0})
+    want_loose = torch.nn.functional.rms_norm(r, (128,), weight=inputs["gamma"].float(), eps=1.0)
+    assert torch.allclose(a.reference(inputs, loose)[0], want_loose, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(want_loose, want, rtol=1e-3, atol=1e-3)
 
 
 def test_adapters_need_their_tp_degree_and_use_the_shapes_file_cases():
@@ -362,18 +369,18 @@ def test_comm_bench_numeric_visible_devices(monkeypatch):
 
 
 def test_custom_all_reduce_setups_trust_the_driver_p2p(monkeypatch):
-    from dskbench.adapters import comm
+    from dskbench.adapters.comm.rank import trust_driver_p2p
 
     monkeypatch.delenv("SGLANG_SKIP_P2P_CHECK", raising=False)
-    comm._trust_driver_p2p()
+    trust_driver_p2p()
     assert os.environ["SGLANG_SKIP_P2P_CHECK"] == "1"
     monkeypatch.setenv("SGLANG_SKIP_P2P_CHECK", "0")  # an explicit choice stands
-    comm._trust_driver_p2p()
+    trust_driver_p2p()
     assert os.environ["SGLANG_SKIP_P2P_CHECK"] == "0"
 
 
 def test_sglang_jit_skips_a_size_either_config_hands_to_nccl():
-    from dskbench.adapters.comm import SglangJitAllReduce
+    from dskbench.adapters.comm.custom_allreduce import SglangJitAllReduce
 
     mib = 2**20
     limits = {True: 16 * mib, False: 4 * mib}  # graph config, eager config
@@ -391,7 +398,7 @@ def test_sglang_jit_skips_a_size_either_config_hands_to_nccl():
 
 
 def test_fusion_runs_only_where_sglang_fuses():
-    from dskbench.adapters.comm import FUSION_MAX_TOKENS, FlashInferFusion
+    from dskbench.adapters.comm.fusion import FUSION_MAX_TOKENS, FlashInferFusion
 
     setup = FlashInferFusion.__new__(FlashInferFusion)
     fits = {"yes": True}
@@ -439,12 +446,12 @@ spec = importlib.util.spec_from_file_location("comm_bench", sys.argv[1])
 cb = importlib.util.module_from_spec(spec)
 sys.modules["comm_bench"] = cb
 spec.loader.exec_module(cb)
-from dskbench.adapters import comm
+from dskbench.adapters.comm import rank, setups
 
 MODE = sys.argv[2]
 cb.RANK_GRACE_S = 1.0
 
-class Flaky(comm.TorchAllReduce):
+class Flaky(rank.TorchAllReduce):
     def bind(self, inputs, case):
         t, rank = int(case.dims["T"]), dist.get_rank()
         if MODE == "fail" and t == 1 and rank == 1:
@@ -459,7 +466,7 @@ class Flaky(comm.TorchAllReduce):
             return hang
         return super().bind(inputs, case)
 
-comm.RANK_SETUPS[("custom_all_reduce", "nccl")] = Flaky
+setups.RANK_SETUPS[("custom_all_reduce", "nccl")] = Flaky
 code = cb.main(sys.argv[3:])
 sys.stdout.flush()
 os._exit(code)
@@ -562,7 +569,8 @@ def test_driver_background_builds(monkeypatch, capsys):
 
 
 def test_fusion_needs_peer_access_on_every_rank_first():
-    from dskbench.adapters.comm import RankContext, Unavailable, _need_peer_access
+    from dskbench.adapters.backends import Unavailable
+    from dskbench.adapters.comm.rank import RankContext, need_peer_access
 
     ctx = RankContext(1, 2, torch.device("cuda", 1), None, None, 1, 7168)
     votes = []
@@ -571,14 +579,14 @@ def test_fusion_needs_peer_access_on_every_rank_first():
         votes.append(flag)
         return flag and others
 
-    _need_peer_access(ctx, can_access=lambda a, b: True, all_ranks=all_ranks)
+    need_peer_access(ctx, can_access=lambda a, b: True, all_ranks=all_ranks)
     with pytest.raises(Unavailable, match="GPU 1 has no peer access to GPU 0"):
-        _need_peer_access(ctx, can_access=lambda a, b: False, all_ranks=all_ranks)
+        need_peer_access(ctx, can_access=lambda a, b: False, all_ranks=all_ranks)
     with pytest.raises(Unavailable, match="another GPU"):  # this one is fine, a peer is not: all give up
-        _need_peer_access(ctx, can_access=lambda a, b: True, all_ranks=lambda f: all_ranks(f, others=False))
+        need_peer_access(ctx, can_access=lambda a, b: True, all_ranks=lambda f: all_ranks(f, others=False))
     assert votes == [True, False, True]  # every rank votes before any of them gives up
     cpu = RankContext(0, 2, torch.device("cpu"), None, None, 1, 7168)
-    _need_peer_access(cpu, can_access=lambda a, b: False, all_ranks=all_ranks)  # gloo runs: no check
+    need_peer_access(cpu, can_access=lambda a, b: False, all_ranks=all_ranks)  # gloo runs: no check
 
 
 def test_comm_bench_eight_gloo_ranks_run_the_tp8_path(tmp_path):

@@ -11,18 +11,12 @@ from typing import Any
 import torch
 
 from dskbench.adapters.base import Check
-from dskbench.shapes.cases import default_shapes
 
 # Backend label for the implementation SGLang 0.5.16 itself calls for DeepSeek-R1-NVFP4 on sm90.
 SGLANG_SM90 = "what SGLang 0.5.16 runs on sm90"
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-
-
-def model_config() -> dict[str, int | float]:
-    """The model symbols (H, Lq, rms_norm_eps, ...) of the shapes file."""
-    return default_shapes().config
 
 
 def generator(seed: int) -> torch.Generator:

@@ -1,14 +1,5 @@
-"""Sampling adapters (catalogue 10.x): `min_p_sampling_from_probs`, `top_k_renorm_prob`,
-`top_p_renorm_prob`, `top_k_top_p_sampling_from_probs`, on probs [B, 129280] fp32.
-
-What SGLang 0.5.16 runs on sm90 (`srt/layers/sampler.py`, sampling_backend "flashinfer", once per step):
-* without min_p: `flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, top_ks, top_ps,
-  filter_apply_order="joint")` (backend "flashinfer", labelled);
-* with min_p: `sgl_kernel.top_k_renorm_prob` -> `sgl_kernel.top_p_renorm_prob` ->
-  `flashinfer.sampling.min_p_sampling_from_probs`. The two sgl_kernel wrappers forward to
-  `flashinfer.sampling.top_{k,p}_renorm_probs` (backends "sgl_kernel.wrapper", labelled); the AOT ops
-  `torch.ops.sgl_kernel.top_{k,p}_renorm_probs.default` are measured as "sgl_kernel".
-min_p and top-k/top-p sampling have no CUDA sgl-kernel export in 0.4.5 (MUSA only): flashinfer only.
+"""What the sampling kernels share: their inputs (probs [B, 129280] fp32 and per-request parameters) and
+their oracle (the filter sets, renormalisation and the checks).
 
 Inputs: softmax(logits / 0.6) (DeepSeek-R1's recommended temperature) of random logits with a boosted
 head of candidates whose strength varies per row, so some rows are peaked and some flat; per-row
@@ -23,16 +14,13 @@ carry mass after the reference filter (per row).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dskbench.adapters import register
-from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import TOLERANCES, Adapter, Check, Traffic, rel_error
-from dskbench.adapters.common.inputs import SGLANG_SM90, device_generator, generator
+from dskbench.adapters.common.inputs import device_generator, generator
 from dskbench.shapes.cases import Case
 
 TEMPERATURE = 0.6
@@ -114,13 +102,15 @@ def min_p_sets(p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return p.double() >= thr * (1 - 1e-5)
 
 
-def _renorm(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def renorm(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """`p` renormalised over the kept tokens (summed in fp64), fp32."""
     kept = p.double() * keep
     return (kept / kept.sum(-1, keepdim=True)).float()
 
 
-def _sample(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    return torch.multinomial(_renorm(p, keep), 1).squeeze(1).to(torch.int32)
+def sample_kept(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """One token id per row drawn from `p` restricted to the kept tokens (int32)."""
+    return torch.multinomial(renorm(p, keep), 1).squeeze(1).to(torch.int32)
 
 
 # -- checks --------------------------------------------------------------------------------------------
@@ -134,7 +124,7 @@ def check_renorm(out: Any, ref: FilterRef) -> Check:
     assert ref.must is not None and ref.base is not None
     dropped = int((ref.must & ~kept).any(-1).sum())
     extra = int((kept & ~ref.may).any(-1).sum())
-    expected = _renorm(ref.base, kept)
+    expected = renorm(ref.base, kept)
     err = rel_error(probs, expected)
     tol = TOLERANCES["float32"]
     ok = dropped == 0 and extra == 0 and err <= tol
@@ -153,10 +143,12 @@ def check_samples(out: Any, ref: FilterRef) -> Check:
     return Check(bad == 0, bad / b, 0.0, f"rows sampling a filtered-out token:{bad}/{b}")
 
 
-# -- adapters ------------------------------------------------------------------------------------------
+# -- the adapters' common inputs -----------------------------------------------------------------------
 
 
-class _SamplingAdapter(Adapter):
+class SamplingAdapter(Adapter):
+    """Probs [B, V] and per-request top_k / top_p / min_p tensors (role sampling of sampler.forward)."""
+
     role = "sampling"
     ops = ("sampler.forward",)
 
@@ -173,141 +165,3 @@ class _SamplingAdapter(Adapter):
     def traffic(self, case: Case) -> Traffic:
         b, v = int(case.dims["B"]), int(case.dims["V"])
         return Traffic(bytes=4 * b * v + 12 * b, note="one fp32 read of probs (kernels make several passes)")
-
-
-class _RenormAdapter(_SamplingAdapter):
-    def check(self, out: Any, ref: Any, case: Case) -> Check:
-        return check_renorm(out, ref)
-
-    def traffic(self, case: Case) -> Traffic:
-        b, v = int(case.dims["B"]), int(case.dims["V"])
-        return Traffic(bytes=8 * b * v + 4 * b, note="read probs once, write renormalised probs once")
-
-
-def _bind_renorm_aot(fn: Any, inputs: dict[str, Any], case: Case, key: str) -> Callable[[], Any]:
-    # AOT op (probs, renorm_probs, maybe_arr, scalar): per-request tensor, scalar unused.
-    probs, arr = inputs["probs"], inputs[key]
-    out = torch.empty_like(probs)
-    unused = 0 if key == "top_k" else 0.0
-
-    def launch() -> torch.Tensor:
-        fn(probs, out, arr, unused)
-        return out
-
-    return launch
-
-
-def _bind_renorm_call(fn: Any, inputs: dict[str, Any], case: Case, key: str) -> Callable[[], Any]:
-    probs, arr = inputs["probs"], inputs[key]
-    return lambda: fn(probs, arr)
-
-
-def _renorm_backends(op: str, key: str) -> list[Backend]:
-    def aot(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-        return _bind_renorm_aot(fn, inputs, case, key)
-
-    def call(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-        return _bind_renorm_call(fn, inputs, case, key)
-
-    return [
-        Backend(
-            "sgl_kernel", f"torch.ops.sgl_kernel.{op}.default", None, "aot", aot, preload=("sgl_kernel",)
-        ),
-        Backend(
-            "sgl_kernel.wrapper",
-            f"sgl_kernel.sampling:{op}",
-            None,
-            "jit",
-            call,
-            dispatches_to=f"flashinfer.sampling.{op}",
-            label=SGLANG_SM90,
-        ),
-        Backend("flashinfer", f"flashinfer.sampling:{op}", None, "jit", call),
-    ]
-
-
-@register
-class TopKRenormAdapter(_RenormAdapter):
-    kernel = "top_k_renorm_prob"
-    description = "keep the top-k probabilities per row and renormalise"
-    backends = _renorm_backends("top_k_renorm_probs", "top_k")
-
-    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
-        p = inputs["probs"]
-        nominal, must, may = top_k_sets(p, inputs["top_k"])
-        return FilterRef(_renorm(p, nominal), may, must, (p.double() * may).float())
-
-
-@register
-class TopPRenormAdapter(_RenormAdapter):
-    kernel = "top_p_renorm_prob"
-    description = "keep the smallest head of mass >= top_p per row and renormalise"
-    backends = _renorm_backends("top_p_renorm_probs", "top_p")
-
-    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
-        p = inputs["probs"]
-        nominal, must, may = top_p_sets(p, inputs["top_p"])
-        return FilterRef(_renorm(p, nominal), may, must, (p.double() * may).float())
-
-
-def _bind_min_p(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    # Explicit seed/offset: no host-side generator state access, so the call can be graph-captured.
-    probs, min_p, seed = inputs["probs"], inputs["min_p"], inputs["seed"]
-    return lambda: fn(probs, min_p, deterministic=True, seed=seed, offset=0)
-
-
-@register
-class MinPSamplingAdapter(_SamplingAdapter):
-    kernel = "min_p_sampling_from_probs"
-    description = "sample one token per row among p >= min_p * max(p)"
-    backends = [
-        Backend(
-            "flashinfer",
-            "flashinfer.sampling:min_p_sampling_from_probs",
-            None,
-            "jit",
-            _bind_min_p,
-            label=SGLANG_SM90,
-            note="fed raw softmax probs (SGLang feeds top-k/top-p renormalised ones)",
-        ),
-    ]
-
-    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
-        p = inputs["probs"]
-        may = min_p_sets(p, inputs["min_p"])
-        return FilterRef(_sample(p, may), may)
-
-    def check(self, out: Any, ref: Any, case: Case) -> Check:
-        return check_samples(out, ref)
-
-
-def _bind_top_k_top_p(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    probs, k, p, seed = inputs["probs"], inputs["top_k"], inputs["top_p"], inputs["seed"]
-    return lambda: fn(probs, k, p, filter_apply_order="joint", deterministic=True, seed=seed, offset=0)
-
-
-@register
-class TopKTopPSamplingAdapter(_SamplingAdapter):
-    kernel = "top_k_top_p_sampling_from_probs"
-    description = "sample one token per row from the joint top-k and top-p set"
-    backends = [
-        Backend(
-            "flashinfer",
-            "flashinfer.sampling:top_k_top_p_sampling_from_probs",
-            None,
-            "jit",
-            _bind_top_k_top_p,
-            label=SGLANG_SM90,
-            note='filter_apply_order="joint" with per-request top_k/top_p tensors, as SGLang calls it',
-        ),
-    ]
-
-    def reference(self, inputs: dict[str, Any], case: Case) -> FilterRef:
-        p = inputs["probs"]
-        k_nom, _, k_may = top_k_sets(p, inputs["top_k"])
-        p_nom, _, p_may = top_p_sets(p, inputs["top_p"])
-        # joint: both filters on the original probs (top_k_first would give a subset of this)
-        return FilterRef(_sample(p, k_nom & p_nom), k_may & p_may)
-
-    def check(self, out: Any, ref: Any, case: Case) -> Check:
-        return check_samples(out, ref)

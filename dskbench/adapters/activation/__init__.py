@@ -1,0 +1,1 @@
+"""Activation kernels: the gated activations act(gate) * up of DeepSeek's MLPs and experts."""

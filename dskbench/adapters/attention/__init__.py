@@ -1,0 +1,1 @@
+"""Attention kernels: MLA decode, MHA prefill, attention-state merges, MLA concatenations."""

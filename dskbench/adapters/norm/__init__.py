@@ -1,0 +1,1 @@
+"""Normalisation kernels: RMSNorm, RMSNorm fused with the residual add, LayerNorm (DeepSeek-V3.2)."""

@@ -1,0 +1,1 @@
+"""DeepSeek-V3.2 sparse-attention (NSA/DSA) indexer kernels."""

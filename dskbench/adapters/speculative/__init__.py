@@ -1,0 +1,1 @@
+"""EAGLE / NextN (MTP) speculative decoding: draft top-k, tree building, greedy and sampling verify."""
