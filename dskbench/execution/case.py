@@ -151,7 +151,9 @@ def execute_item(
     peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None
     compute = {"int8": "fp8"}.get(prep.traffic.compute, prep.traffic.compute)
     metrics = Metrics.from_json(
-        core.metrics(timing.median_us, prep.traffic.bytes, prep.traffic.flops, ceilings, peaks, compute=compute)
+        core.metrics(
+            timing.median_us, prep.traffic.bytes, prep.traffic.flops, ceilings, peaks, compute=compute
+        )
     )
     parts = {"timing": timing.to_json(), "metrics": metrics.to_json(), "clocks": clocks.to_json()}
     return {**base, "status": "ok", **parts}

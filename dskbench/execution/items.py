@@ -30,7 +30,14 @@ class WorkItem:
         """What names this item in every record, whatever happened to it."""
         c = self.case
         return Identity(
-            self.case_id, self.kernel, self.category, c["op"], c.get("variant"), c["phase"], c["point"], c["dims"]
+            self.case_id,
+            self.kernel,
+            self.category,
+            c["op"],
+            c.get("variant"),
+            c["phase"],
+            c["point"],
+            c["dims"],
         )
 
     def identity(self) -> dict[str, Any]:

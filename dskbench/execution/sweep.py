@@ -74,7 +74,9 @@ class Recorder:
         with self._lock:
             if self.closed:
                 return
-            rec = ResultRecord.from_json({"backend": {"name": "-"}, **s, "run_id": self.run_id, "status": "skipped"})
+            rec = ResultRecord.from_json(
+                {"backend": {"name": "-"}, **s, "run_id": self.run_id, "status": "skipped"}
+            )
             self.writer.write(rec.with_(repro=self._repro(s)))
             self.counts["skipped"] += 1
 
@@ -94,7 +96,9 @@ class Recorder:
                 same = {k: getattr(own, k) for k in ("case_id", "op", "variant", "phase", "point", "dims")}
                 repro = self._repro(twin.identity())
                 ident = dataclasses.replace(rec.identity, **same)
-                self._write(twin, rec.with_(identity=ident, index=twin.index, repro=repro, shared_with=item.case_id))
+                self._write(
+                    twin, rec.with_(identity=ident, index=twin.index, repro=repro, shared_with=item.case_id)
+                )
 
     def _write(self, item: WorkItem, rec: ResultRecord) -> None:
         fields = rec.to_json()

@@ -159,7 +159,7 @@ class Traffic(Part):
 class Timing(Part):
     """The measurement core's result for one case; times per launch in microseconds."""
 
-    median_us: float = _required("median per-launch time")
+    median_us: float | None = _required("median per-launch time (null: no samples; never on an ok result)")
     p10_us: float | None = _always("10th percentile")
     p90_us: float | None = _always("90th percentile")
     mean_us: float | None = _always("mean")
@@ -357,19 +357,12 @@ class ResultRecord:
     @property
     def gbps(self) -> float | None:
         """Achieved GB/s: the recorded metric, else the traffic over the median."""
-        return self._rate("gbps", "bytes", 1e3)
+        return _rate(self.metrics, self.traffic, self.timing, "gbps")
 
     @property
     def tflops(self) -> float | None:
         """Achieved TFLOP/s: the recorded metric, else the FLOPs over the median."""
-        return self._rate("tflops", "flops", 1e6)
-
-    def _rate(self, metric: str, amount: str, scale: float) -> float | None:
-        m = getattr(self.metrics, metric, None)
-        if _finite(m):
-            return float(m)
-        n, t = getattr(self.traffic, amount, None), getattr(self.timing, "median_us", None)
-        return n / (t * scale) if _finite(n) and _finite(t) and t > 0 and n > 0 else None
+        return _rate(self.metrics, self.traffic, self.timing, "tflops")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"record": "result", "schema": SCHEMA, "run_id": self.run_id}
@@ -404,3 +397,32 @@ class ResultRecord:
 
     def with_(self, **changes: Any) -> ResultRecord:
         return replace(self, **changes)
+
+
+# -- reading parts of a record that may be incomplete (a front end's, a test's) ---------------------------
+
+
+def part_of(rec: Mapping[str, Any], name: str) -> Any:
+    """The typed `name` part (check, traffic, timing, metrics, clocks) of a record's JSON, or None when
+    the record has none (a timing without its median counts as none)."""
+    d = rec.get(name)
+    if not isinstance(d, Mapping) or not d or (name == "timing" and "median_us" not in d):
+        return None
+    return PARTS[name].from_json(d)
+
+
+_RATES = {"gbps": ("bytes", 1e3), "tflops": ("flops", 1e6)}
+
+
+def rate(rec: Mapping[str, Any], metric: str) -> float | None:
+    """`gbps` or `tflops` of a record's JSON: the recorded metric, else the traffic over the median."""
+    return _rate(part_of(rec, "metrics"), part_of(rec, "traffic"), part_of(rec, "timing"), metric)
+
+
+def _rate(metrics: Metrics | None, traffic: Traffic | None, timing: Timing | None, metric: str) -> float | None:
+    m = getattr(metrics, metric, None)
+    if _finite(m):
+        return float(m)
+    amount, scale = _RATES[metric]
+    n, t = getattr(traffic, amount, None), getattr(timing, "median_us", None)
+    return n / (t * scale) if _finite(n) and _finite(t) and t > 0 and n > 0 else None
