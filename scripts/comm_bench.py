@@ -500,23 +500,26 @@ def summarize_ranks(timings: list[dict[str, Any]], case: Any) -> dict[str, Any]:
     the metrics at the slowest median."""
     from dskbench.adapters.comm.allreduce import algbw_gbps, bus_bytes, busbw_gbps, payload_bytes
     from dskbench.measure import metrics
+    from dskbench.results.records import Clocks, Metrics, Timing
 
     world = len(timings)
     medians = [t.get("median_us") for t in timings]
     if not all(isinstance(x, int | float) and x == x and x > 0 for x in medians):
         return {"status": "error", "reason": f"a rank produced no timing samples (medians {medians})"}
     slow = max(range(world), key=lambda r: medians[r])
-    timing = dict(timings[slow])
-    clocks = {k: timing.pop(k) for k in ("clocks_before", "clocks_after", "throttled", "throttle_reasons")}
-    timing["rank"] = slow
+    measured = dict(timings[slow])
+    clocks = Clocks.from_json({k: measured.pop(k) for k in Clocks.KEYS})
+    timing = Timing.from_json({**measured, "rank": slow})
     payload = payload_bytes(case)
     world_tp = int(case.dims["world"])
     med = medians[slow]
-    mets = metrics(med, bytes=bus_bytes(payload, world_tp))
-    mets.update(
-        payload_bytes=payload,
-        algbw_gbps=algbw_gbps(payload, med),
-        busbw_gbps=busbw_gbps(payload, world_tp, med),
+    mets = Metrics.from_json(
+        {
+            **metrics(med, bytes=bus_bytes(payload, world_tp)),
+            "payload_bytes": payload,
+            "algbw_gbps": algbw_gbps(payload, med),
+            "busbw_gbps": busbw_gbps(payload, world_tp, med),
+        }
     )
     ranks = [
         {
@@ -528,7 +531,8 @@ def summarize_ranks(timings: list[dict[str, Any]], case: Any) -> dict[str, Any]:
         }
         for r, t in enumerate(timings)
     ]
-    return {"status": "ok", "timing": timing, "metrics": mets, "clocks": clocks, "ranks": ranks}
+    parts = {"timing": timing.to_json(), "metrics": mets.to_json(), "clocks": clocks.to_json()}
+    return {"status": "ok", **parts, "ranks": ranks}
 
 
 # -- the run ---------------------------------------------------------------------------------------------

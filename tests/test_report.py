@@ -212,7 +212,8 @@ def test_pct_of_peak_prefers_measured_ceilings():
     assert pct_of_peak(m) == (pytest.approx(80.0), pytest.approx(50.0))
     only_sheet = metrics(10.0, 40_000_000, None, None, {"hbm_gbps": 8000.0})
     assert pct_of_peak(only_sheet) == (pytest.approx(50.0), None)
-    assert pct_of_peak({"pct_dram_datasheet": 70.0, "pct_dram_measured": 75.0}) == (75.0, None)
+    assert pct_of_peak({"pct_bw_datasheet": 70.0, "pct_bw_measured": 75.0}) == (75.0, None)
+    assert pct_of_peak({"pct_dram_measured": 75.0}) == (None, None)  # one key per quantity, no guessing
     assert pct_of_peak(None) == (None, None)
 
 

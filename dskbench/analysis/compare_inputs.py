@@ -28,6 +28,7 @@ from typing import Any
 
 from dskbench.analysis.verdict import Stat
 from dskbench.results.io import ResultsError, Run, is_results_file, read_runs
+from dskbench.results.records import Timing, part_of
 
 LATENCY_METRICS = ("track_latency",)
 
@@ -172,21 +173,21 @@ def settings_of(env: Mapping[str, Any]) -> Settings:
 
 
 def stat_from_record(rec: Mapping[str, Any], commit: str = "") -> Stat:
-    t = rec.get("timing") or {}
-    clocks = rec.get("clocks") or {}
-    gap = t.get("launch_gap_us") if t.get("raw_median_us") is not None else None
+    t = part_of(rec, "timing") or Timing(median_us=None)  # not timed: every figure unknown
+    clocks = part_of(rec, "clocks")
+    gap = t.launch_gap_us if t.raw_median_us is not None else None
     return Stat(
         status=rec["status"],
-        value=t.get("median_us"),
-        lo=t.get("p10_us"),
-        hi=t.get("p90_us"),
+        value=t.median_us,
+        lo=t.p10_us,
+        hi=t.p90_us,
         spread="p10-p90",
-        samples=tuple(t.get("samples_us") or ()),
+        samples=tuple(t.samples_us or ()),
         reason=str(rec.get("reason") or ""),
-        throttled=bool(clocks.get("throttled")),
+        throttled=bool(clocks and clocks.throttled),
         commit=commit,
-        p10=t.get("p10_us"),
-        p90=t.get("p90_us"),
+        p10=t.p10_us,
+        p90=t.p90_us,
         gap_us=float(gap) if isinstance(gap, int | float) and math.isfinite(gap) else 0.0,
     )
 

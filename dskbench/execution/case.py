@@ -13,6 +13,7 @@ from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
 from dskbench.execution.gate import skip_reason
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
+from dskbench.results.records import BackendInfo, Check, Clocks, Identity, Metrics, Timing, Traffic
 from dskbench.shapes.cases import Case
 
 # Substrings of errors after which the CUDA context cannot be trusted: the worker exits and is replaced.
@@ -29,18 +30,11 @@ POISONING_ERRORS = (
 
 
 def backend_block(b: Backend, resolved: Any = None) -> dict[str, Any]:
-    block: dict[str, Any] = {
-        "name": b.name,
-        "kind": b.kind,
-        "target": b.target,
-        "package": b.package,
-        "label": b.label,
-        "dispatches_to": b.dispatches_to,
-        "capturable": b.capturable,
-    }
+    """The record's backend: as declared, and once resolved what really loaded."""
+    info = BackendInfo(b.name, b.kind, b.target, b.package, b.label, b.dispatches_to, b.capturable)
     if resolved is not None:
-        block.update(resolved_target=resolved.target, package=resolved.package, version=resolved.version)
-    return block
+        info = info.with_resolution(resolved.target, resolved.package, resolved.version)
+    return info.to_json()
 
 
 @dataclass
@@ -73,17 +67,8 @@ def prepare_case(
     if backend_name not in backends:
         raise PlanError(f"{kernel} has no backend {backend_name!r} (it has {', '.join(backends)})")
     backend = backends[backend_name]
-    base: dict[str, Any] = {
-        "case_id": case.id,
-        "kernel": case.kernel,
-        "op": case.op,
-        "variant": case.variant,
-        "phase": case.phase,
-        "point": case.point,
-        "dims": case.dims,
-        "seed": seed,
-        "backend": backend_block(backend),
-    }
+    ident = Identity(case.id, case.kernel, None, case.op, case.variant, case.phase, case.point, case.dims)
+    base: dict[str, Any] = {**ident.to_json(), "seed": seed, "backend": backend_block(backend)}
     reason = skip_reason(adapter, backend, case, device)
     if reason:
         return {**base, "status": "skipped", "reason": reason}, None
@@ -93,12 +78,7 @@ def prepare_case(
         return {**base, "status": "skipped", "reason": str(e)}, None
     base["backend"] = backend_block(backend, resolved)
     traffic = adapter.traffic_for(backend.name, case)
-    base["traffic"] = {
-        "bytes": traffic.bytes,
-        "flops": traffic.flops,
-        "compute": traffic.compute,
-        "note": traffic.note,
-    }
+    base["traffic"] = Traffic(traffic.bytes, traffic.flops, traffic.compute, traffic.note).to_json()
     dev = "cuda" if device.kind == "cuda" else "cpu"
     too_big = _memory_shortfall(traffic.bytes, dev)
     if too_big:
@@ -124,7 +104,7 @@ def prepare_case(
     chk = adapter.check(out, ref, case)
     lap("check_s")
     base["stages"] = stages
-    base["check"] = {"error": chk.error, "tolerance": chk.tolerance, "detail": chk.detail}
+    base["check"] = Check(chk.error, chk.tolerance, chk.detail).to_json()
     del out, ref
     if not chk.ok:
         why = f"relative error {chk.error:.3g} > tolerance {chk.tolerance:.1g}"
@@ -163,19 +143,20 @@ def execute_item(
         launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
     )
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
-    timing = _as_dict(m)
-    if not timing.get("n_samples") or timing.get("median_us") != timing.get("median_us"):  # none, or NaN
+    measured = _as_dict(m)
+    if not measured.get("n_samples") or measured.get("median_us") != measured.get("median_us"):  # none, NaN
         return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
-    timing["mode"] = opts.mode
-    timing["input_sets"] = len(launchers)
+    clocks = Clocks.from_json({k: measured.pop(k) for k in Clocks.KEYS if k in measured})
+    timing = Timing.from_json({**measured, "mode": opts.mode, "input_sets": len(launchers)})
     peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None
     compute = {"int8": "fp8"}.get(prep.traffic.compute, prep.traffic.compute)
-    metrics = core.metrics(
-        timing["median_us"], prep.traffic.bytes, prep.traffic.flops, ceilings, peaks, compute=compute
+    metrics = Metrics.from_json(
+        core.metrics(
+            timing.median_us, prep.traffic.bytes, prep.traffic.flops, ceilings, peaks, compute=compute
+        )
     )
-    clock_keys = ("clocks_before", "clocks_after", "throttled", "throttle_reasons")
-    clocks = {k: timing.pop(k) for k in clock_keys if k in timing}
-    return {**base, "status": "ok", "timing": timing, "metrics": metrics, "clocks": clocks}
+    parts = {"timing": timing.to_json(), "metrics": metrics.to_json(), "clocks": clocks.to_json()}
+    return {**base, "status": "ok", **parts}
 
 
 def measure_settings(opts: SweepOptions) -> Any:

@@ -8,6 +8,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from dskbench.results.records import BackendInfo, Identity
 from dskbench.shapes.cases import Case
 
 MODES = ("cold", "hot", "rotate")
@@ -25,20 +26,23 @@ class WorkItem:
     def case_id(self) -> str:
         return Case.from_json(self.case).id
 
-    def identity(self) -> dict[str, Any]:
-        """The fields that name this item in every record, whatever happened to it."""
+    def record_identity(self) -> Identity:
+        """What names this item in every record, whatever happened to it."""
         c = self.case
-        return {
-            "case_id": self.case_id,
-            "kernel": self.kernel,
-            "category": self.category,
-            "op": c["op"],
-            "variant": c.get("variant"),
-            "phase": c["phase"],
-            "point": c["point"],
-            "dims": c["dims"],
-            "backend": {"name": self.backend},
-        }
+        return Identity(
+            self.case_id,
+            self.kernel,
+            self.category,
+            c["op"],
+            c.get("variant"),
+            c["phase"],
+            c["point"],
+            c["dims"],
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """The record fields of record_identity, with the backend's name."""
+        return {**self.record_identity().to_json(), "backend": BackendInfo(self.backend).to_json()}
 
 
 @dataclass

@@ -26,7 +26,8 @@ from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.limits import CaseLimits, timeout_from_env
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.selection import repro_command
-from dskbench.results.io import ResultsWriter, environment_record, result_record
+from dskbench.results.io import ResultsWriter, environment_record
+from dskbench.results.records import ResultRecord
 
 
 @dataclass
@@ -69,38 +70,45 @@ class Recorder:
             self.closed = True
 
     def skip(self, s: dict[str, Any]) -> None:
+        """A kernel skipped at planning: its name, no backend ('-'), the reason."""
         with self._lock:
             if self.closed:
                 return
-            s = {"backend": {"name": "-"}, **s}
-            self.writer.write(result_record(self.run_id, "skipped", **self._repro(s), **s))
+            rec = ResultRecord.from_json(
+                {"backend": {"name": "-"}, **s, "run_id": self.run_id, "status": "skipped"}
+            )
+            self.writer.write(rec.with_(repro=self._repro(s)))
             self.counts["skipped"] += 1
 
     def __call__(self, item: WorkItem, fields: dict[str, Any], **extra: Any) -> None:
         fields = {**fields, **extra}
         fields.pop("poisoned", None)
-        status = fields.pop("status")
         with self._lock:
             if self.closed:
                 return
             fields.setdefault("finished", round(time.time(), 3))  # unix seconds: sweep rate, wall per GPU
-            fields.update(self._repro(item.identity()))
-            self.writer.write(result_record(self.run_id, status, index=item.index, **fields))
-            self.counts[status] += 1
-            if self.progress:
-                self.progress(item, status, fields)
+            rec = ResultRecord.from_json(
+                {**fields, "run_id": self.run_id, "index": item.index, "repro": self._repro(item.identity())}
+            ).validate_complete()
+            self._write(item, rec)
             for twin in self.copies.get(item.index, ()):
-                ident = twin.identity()
-                same = {k: ident[k] for k in ("case_id", "op", "variant", "phase", "point", "dims")}
-                copy = {**fields, **same, **self._repro(ident), "shared_with": item.case_id}
-                self.writer.write(result_record(self.run_id, status, index=twin.index, **copy))
-                self.counts[status] += 1
-                if self.progress:
-                    self.progress(twin, status, copy)
+                own = twin.record_identity()
+                same = {k: getattr(own, k) for k in ("case_id", "op", "variant", "phase", "point", "dims")}
+                repro = self._repro(twin.identity())
+                ident = dataclasses.replace(rec.identity, **same)
+                self._write(
+                    twin, rec.with_(identity=ident, index=twin.index, repro=repro, shared_with=item.case_id)
+                )
 
-    def _repro(self, identity: dict[str, Any]) -> dict[str, Any]:
-        cmd = repro_command(identity, self.settings)
-        return {"repro": cmd} if cmd else {}
+    def _write(self, item: WorkItem, rec: ResultRecord) -> None:
+        fields = rec.to_json()
+        self.writer.write(fields)
+        self.counts[rec.status] += 1
+        if self.progress:
+            self.progress(item, rec.status, fields)
+
+    def _repro(self, identity: dict[str, Any]) -> str | None:
+        return repro_command(identity, self.settings) or None
 
 
 @contextmanager

@@ -397,21 +397,15 @@ def measure_kernel(
 
 def case_result(rec: dict[str, Any]) -> dict[str, Any]:
     """One result record as the front ends need it: samples in seconds, bandwidth, FLOPs, why not ok."""
+    from dskbench.results.records import part_of, rate
+
     timing = dict(rec.get("timing") or {})
-    traffic = rec.get("traffic") or {}
-    metrics = rec.get("metrics") or {}
+    traffic, clocks = part_of(rec, "traffic"), part_of(rec, "clocks")
     samples_us = timing.pop("samples_us", None) or []
     median_us = timing.get("median_us")
     if not samples_us and median_us is not None:
         samples_us = [median_us]
     median_s = median_us * 1e-6 if median_us else None
-    nbytes, flops = traffic.get("bytes"), traffic.get("flops")
-    gbps = _first(metrics, ("gbps", "achieved_gbps", "bandwidth_gbps"))
-    if gbps is None and nbytes and median_s:
-        gbps = nbytes / median_s / 1e9
-    tflops = _first(metrics, ("tflops", "achieved_tflops"))
-    if tflops is None and flops and median_s:
-        tflops = flops / median_s / 1e12
     for k in ("clocks_before", "clocks_after", "clocks_during"):
         timing.pop(k, None)
     return {
@@ -420,22 +414,15 @@ def case_result(rec: dict[str, Any]) -> dict[str, Any]:
         "backend": rec.get("backend", {}),
         "samples_s": [x * 1e-6 for x in samples_us],
         "median_s": median_s,
-        "gbps": gbps,
-        "tflops": tflops,
-        "bytes": nbytes,
-        "flops": flops,
-        "metrics": metrics,
+        "gbps": rate(rec, "gbps"),
+        "tflops": rate(rec, "tflops"),
+        "bytes": traffic.bytes if traffic else None,
+        "flops": traffic.flops if traffic else None,
+        "metrics": rec.get("metrics") or {},
         "timing": timing,
         "check": rec.get("check"),
-        "throttled": (rec.get("clocks") or {}).get("throttled"),
+        "throttled": clocks.throttled if clocks else None,
     }
-
-
-def _first(d: dict[str, Any], keys: tuple[str, ...]) -> float | None:
-    for k in keys:
-        if isinstance(d.get(k), int | float):
-            return float(d[k])
-    return None
 
 
 def setup_cache_timeout(n_items: int, sel: Selection) -> float:

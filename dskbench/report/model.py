@@ -17,6 +17,7 @@ from dskbench.analysis.compare import natural_key
 from dskbench.analysis.compare_inputs import aggregate, stat_from_record
 from dskbench.analysis.verdict import Stat, judge
 from dskbench.results.io import STATUSES, Run
+from dskbench.results.records import Metrics, part_of, rate
 
 X_PREFERENCE = ("T", "B", "kv_len", "tp")
 CPU_NOTE = "CPU reference timings (torch references on the CPU; not GPU kernel performance)"
@@ -270,30 +271,13 @@ def history(machine: Machine, kernel: str) -> History | None:
 
 # -- metrics -------------------------------------------------------------------------------------------
 
-# dskbench.measure.metrics names first (measured ceilings, then datasheet), then plausible others.
-_BW_NAMES = ("pct_bw_measured", "pct_bw", "pct_bw_datasheet")
-_FLOP_NAMES = ("pct_compute_measured", "pct_flops", "pct_compute", "pct_compute_datasheet")
-
 
 def pct_of_peak(metrics: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
     """(% of bandwidth peak, % of compute peak): measured ceilings preferred over datasheet ones."""
     if not metrics:
         return None, None
-    return _pick(metrics, _BW_NAMES, ("bw", "band", "dram", "mem")), _pick(
-        metrics, _FLOP_NAMES, ("flop", "compute", "tc", "math")
-    )
-
-
-def _pick(metrics: Mapping[str, Any], names: tuple[str, ...], words: tuple[str, ...]) -> float | None:
-    for n in names:
-        v = metrics.get(n)
-        if _num(v):
-            return float(v)
-    cands = [
-        k for k in metrics if k.startswith("pct") and any(w in k.lower() for w in words) and _num(metrics[k])
-    ]
-    cands.sort(key=lambda k: ("datasheet" in k or "spec" in k, k))
-    return float(metrics[cands[0]]) if cands else None
+    m = Metrics.from_json(metrics)
+    return m.pct_bw, m.pct_compute
 
 
 def _num(v: Any) -> bool:
@@ -301,32 +285,22 @@ def _num(v: Any) -> bool:
 
 
 def gbps(rec: dict[str, Any]) -> float | None:
-    m = rec.get("metrics") or {}
-    if _num(m.get("gbps")):
-        return float(m["gbps"])
-    b, t = (rec.get("traffic") or {}).get("bytes"), (rec.get("timing") or {}).get("median_us")
-    return b / (t * 1e3) if _num(b) and _num(t) and t > 0 and b > 0 else None
+    return rate(rec, "gbps")
 
 
 def tflops(rec: dict[str, Any]) -> float | None:
-    m = rec.get("metrics") or {}
-    if _num(m.get("tflops")):
-        return float(m["tflops"])
-    f, t = (rec.get("traffic") or {}).get("flops"), (rec.get("timing") or {}).get("median_us")
-    return f / (t * 1e6) if _num(f) and _num(t) and t > 0 and f > 0 else None
+    return rate(rec, "tflops")
 
 
 def flags(rec: dict[str, Any]) -> list[str]:
     """Warnings that qualify a number: throttled clocks, a measurement that did not converge."""
     out = []
-    clocks = rec.get("clocks") or {}
-    if clocks.get("throttled"):
-        reasons = ", ".join(str(r) for r in clocks.get("throttle_reasons") or []) or "clocks"
+    clocks, t = part_of(rec, "clocks"), part_of(rec, "timing")
+    if clocks and clocks.throttled:
+        reasons = ", ".join(str(r) for r in clocks.throttle_reasons or []) or "clocks"
         out.append(f"throttled ({reasons})")
-    t = rec.get("timing") or {}
-    if t.get("converged") is False:
-        cv = t.get("cv")
-        out.append("not converged" + (f" (cv {cv:.1%})" if _num(cv) else ""))
+    if t and t.converged is False:
+        out.append("not converged" + (f" (cv {t.cv:.1%})" if _num(t.cv) else ""))
     return out
 
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = "dskbench.results/1"
-STATUSES = ("ok", "wrong", "skipped", "error")
+from dskbench.results.records import SCHEMA, STATUSES, Environment, RecordError, ResultRecord
 
 
 class ResultsError(ValueError):
@@ -57,7 +56,9 @@ class ResultsWriter:
         except OSError as e:
             raise ResultsError(f"cannot write {self.path}: {e.strerror or e}") from None
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any] | ResultRecord | Environment) -> None:
+        if isinstance(record, ResultRecord | Environment):
+            record = record.to_json()
         validate_record(record)
         self._fh.write(json.dumps(record, sort_keys=True, default=_json_default) + "\n")
         self._fh.flush()
@@ -176,12 +177,21 @@ def _json_default(x: Any) -> Any:
 
 
 def environment_record(run_id: str, **fields: Any) -> dict[str, Any]:
-    return {"record": "environment", "schema": SCHEMA, "run_id": run_id, **fields}
+    """An environment record's JSON (dskbench.results.records.Environment)."""
+    try:
+        return Environment.from_json({"run_id": run_id, **fields}).to_json()
+    except RecordError as e:
+        raise ResultsError(f"environment record: {e}") from None
 
 
 def result_record(run_id: str, status: str, **fields: Any) -> dict[str, Any]:
+    """A result record's JSON as given, checked against the schema's rules (ResultRecord)."""
     rec = {"record": "result", "schema": SCHEMA, "run_id": run_id, "status": status, **fields}
     validate_record(rec)
+    try:
+        ResultRecord.from_json(rec)
+    except RecordError as e:
+        raise ResultsError(str(e)) from None
     return rec
 
 

@@ -1,0 +1,428 @@
+"""Typed records of a results file: the environment of a run and the result of each case.
+
+A result record is written as one flat JSON object: the case's identity at the top level, the other
+parts (backend, check, timing, metrics, ...) as nested objects. Each type has one `to_json` and one
+`from_json`; keys a type does not know are kept in `extra` and written back unchanged, so files of
+newer or older writers read and round-trip. A part's fields marked `omit_none` are left out of the
+JSON while unset; the others are always written (null when unknown), as the engine has always written
+them. docs/results.schema.json is generated from these types (dskbench.results.schema).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar
+
+SCHEMA = "dskbench.results/1"
+STATUSES = ("ok", "wrong", "skipped", "error")
+
+
+class RecordError(ValueError):
+    """A record that breaks the schema's rules (the message says which)."""
+
+
+def _always(doc: str, default: Any = None) -> Any:
+    """A field written on every record, null when unknown."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def _optional(doc: str) -> Any:
+    """A field written only when set."""
+    return field(default=None, metadata={"doc": doc, "omit_none": True})
+
+
+def _required(doc: str) -> Any:
+    return field(metadata={"doc": doc})
+
+
+def _extra() -> Any:
+    return field(default_factory=dict, metadata={"doc": "keys this version does not know, kept as read"})
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class Part:
+    """A nested object of a record: its known fields, plus `extra` for the keys it does not know."""
+
+    extra: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if f.name == "extra" or (v is None and f.metadata.get("omit_none")):
+                continue
+            out[f.name] = v
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Any:
+        if not isinstance(d, Mapping):
+            raise RecordError(f"{cls.__name__} must be a JSON object, not {type(d).__name__}")
+        names = {f.name for f in fields(cls)} - {"extra"}  # type: ignore[arg-type]
+        known = {k: v for k, v in d.items() if k in names}
+        try:
+            return cls(**known, extra={k: v for k, v in d.items() if k not in names})
+        except TypeError as e:  # a required key missing
+            raise RecordError(f"{cls.__name__}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Identity(Part):
+    """What a result is about. A case's identity names all of it; a kernel skipped at planning has only
+    its name (`case_id` = `kernel`)."""
+
+    case_id: str = _required("kernel/op[:variant]/phase/var=value,...: stable across runs")
+    kernel: str = _required("registry kernel")
+    category: str | None = _always("registry category")
+    op: str | None = _always("DeepSeek op (shapes file name); unset: a kernel-level record")
+    variant: str | None = _always("op variant, e.g. gate_up")
+    phase: str | None = _always("sweep: decode, prefill, decode_graph")
+    point: dict[str, Any] | None = _always("sweep variables: T, B, kv_len, tp")
+    dims: dict[str, Any] | None = _always("dimensions the inputs were built from")
+    extra: Mapping[str, Any] = _extra()
+
+    KEYS: ClassVar[tuple[str, ...]] = ("case_id", "kernel", "category", "op", "variant", "phase", "point", "dims")
+
+    def to_json(self) -> dict[str, Any]:
+        if self.op is None:  # kernel level: no case to name
+            out = {"case_id": self.case_id, "kernel": self.kernel}
+            return {**out, "category": self.category} if self.category is not None else out
+        return {k: getattr(self, k) for k in self.KEYS}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Identity:
+        if "kernel" not in d:
+            raise RecordError("a result record needs its kernel")
+        keys = {k: d[k] for k in cls.KEYS if k in d}
+        return cls(**{"case_id": d["kernel"], **keys})
+
+
+@dataclass(frozen=True)
+class BackendInfo(Part):
+    """The backend a case ran on: declared (registry), then what really loaded once resolved. A record
+    written before the backend was looked up (a crash, a planning skip) has only its name."""
+
+    name: str = _required("backend name; '-' for a kernel skipped at planning")
+    kind: str | None = _always("aot, jit, triton, cutedsl, cubin, torch, host")
+    target: str | None = _always("declared module:attr")
+    package: str | None = _always("distribution (the resolved one once resolved)")
+    label: str | None = _always('e.g. "Hopper path: ..."')
+    dispatches_to: str | None = _always("a wrapper that forwards elsewhere")
+    capturable: bool | None = _always("safe to capture in a CUDA graph")
+    resolved_target: str | None = _optional("what really loaded")
+    version: str | None = _always("the resolved package's version")
+    extra: Mapping[str, Any] = _extra()
+
+    DECLARED: ClassVar[tuple[str, ...]] = ("kind", "target", "package", "label", "dispatches_to", "capturable")
+
+    def with_resolution(self, target: str, package: str | None, version: str | None) -> BackendInfo:
+        """The backend once looked up: what loaded, from which distribution, at which version."""
+        return replace(self, resolved_target=target, package=package, version=version)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.kind is not None:
+            out.update({k: getattr(self, k) for k in self.DECLARED})
+        if self.resolved_target is not None:
+            out.update(resolved_target=self.resolved_target, version=self.version)
+        return {**out, **self.extra}
+
+
+@dataclass(frozen=True)
+class Check(Part):
+    """The first launch's output against the reference. Whether it passed is the record's status (ok or
+    wrong): an adapter may fail a case on more than the relative error."""
+
+    error: float | None = _always("relative error ||out-ref||/||ref|| or the adapter's own measure")
+    tolerance: float | None = _always("the largest error that passes")
+    detail: str | None = _always("the adapter's note")
+    extra: Mapping[str, Any] = _extra()
+
+
+@dataclass(frozen=True)
+class Traffic(Part):
+    """The minimum work of a case, for GB/s and TFLOP/s."""
+
+    bytes: int | None = _always("inputs read once, outputs written once")
+    flops: int | float | None = _always("floating-point operations")
+    compute: str | None = _always("tensor rate the FLOPs compare with: bf16, fp8, fp4, int8")
+    note: str | None = _always("how the traffic was counted")
+    extra: Mapping[str, Any] = _extra()
+
+
+@dataclass(frozen=True)
+class Timing(Part):
+    """The measurement core's result for one case; times per launch in microseconds."""
+
+    median_us: float | None = _required("median per-launch time (null: no samples; never on an ok result)")
+    p10_us: float | None = _always("10th percentile")
+    p90_us: float | None = _always("90th percentile")
+    mean_us: float | None = _always("mean")
+    min_us: float | None = _always("fastest sample")
+    max_us: float | None = _always("slowest sample")
+    cv: float | None = _always("stdev / mean of the samples")
+    noise: float | None = _always("relative half-width of the median's 95% CI")
+    n_samples: int | None = _always("samples taken")
+    launches_per_sample: int | None = _always("each sample is the mean over this many launches")
+    converged: bool | None = _always("noise reached its target within the budget")
+    wall_s: float | None = _always("the whole measurement: warm-up, capture, sampling")
+    method: str | None = _always("cuda-graph, cuda-eager, cpu-wall")
+    mode: str | None = _always("cold, hot, rotate")
+    device: str | None = _always("cuda or cpu")
+    n_sets: int | None = _always("input sets the core rotated through")
+    samples_us: list[float] | None = _always("the samples (launch gap subtracted)")
+    raw_median_us: float | None = _always("median before the launch gap was subtracted")
+    launch_gap_us: float | None = _always("per-launch graph node gap subtracted from every sample")
+    flush_us: float | None = _always("cold: median time of one L2 flush (excluded)")
+    flush_bytes: int | None = _always("cold: bytes one flush touches")
+    flush_kind: str | None = _always("cold: write or read")
+    fallback_reason: str | None = _always("why the eager method was used")
+    clocks_during: dict[str, Any] | None = _always("NVML reads taken while the GPU was busy")
+    notes: list[str] | None = _always("the core's remarks")
+    input_sets: int | None = _optional("input sets of the case (rotate mode: several)")
+    rank: int | None = _optional("collectives: the slowest rank, whose timing this is")
+    stopping: dict[str, Any] | None = _optional("the stopping policy: {name, its parameters}")
+    extra: Mapping[str, Any] = _extra()
+
+    def __post_init__(self) -> None:
+        if self.stopping is not None and not (
+            isinstance(self.stopping, Mapping) and isinstance(self.stopping.get("name"), str)
+        ):
+            raise RecordError(f"timing.stopping must be an object with a name, not {self.stopping!r}")
+
+
+@dataclass(frozen=True)
+class Metrics(Part):
+    """What a timing means against the traffic: one key per quantity."""
+
+    latency_us: float | None = _always("the median the metrics were computed at")
+    gbps: float | None = _always("achieved GB/s (collectives: bus bandwidth)")
+    tflops: float | None = _always("achieved TFLOP/s")
+    compute: str | None = _always("tensor rate compared with: bf16, fp8, fp4")
+    pct_bw_measured: float | None = _always("% of the run's measured copy bandwidth")
+    pct_compute_measured: float | None = _always("% of the run's measured matmul rate")
+    pct_bw_datasheet: float | None = _always("% of the datasheet HBM bandwidth")
+    pct_compute_datasheet: float | None = _always("% of the datasheet tensor rate")
+    floor_us: float | None = _always("the roofline time: traffic at the ceilings")
+    bound: str | None = _always("memory or compute")
+    pct_of_floor: float | None = _always("floor_us / median, in %")
+    payload_bytes: int | None = _optional("collectives: bytes each rank contributes")
+    algbw_gbps: float | None = _optional("collectives: payload / time")
+    busbw_gbps: float | None = _optional("collectives: 2(n-1)/n x payload / time")
+    extra: Mapping[str, Any] = _extra()
+
+    @property
+    def pct_bw(self) -> float | None:
+        """% of bandwidth peak: the measured ceiling, else the datasheet."""
+        return _first_finite(self.pct_bw_measured, self.pct_bw_datasheet)
+
+    @property
+    def pct_compute(self) -> float | None:
+        """% of compute peak: the measured ceiling, else the datasheet."""
+        return _first_finite(self.pct_compute_measured, self.pct_compute_datasheet)
+
+
+def _first_finite(*xs: Any) -> float | None:
+    return next((float(x) for x in xs if _finite(x)), None)
+
+
+@dataclass(frozen=True)
+class Clocks(Part):
+    """NVML around the case."""
+
+    clocks_before: dict[str, Any] | None = _always("SM/memory clocks, temperature, power before")
+    clocks_after: dict[str, Any] | None = _always("the same after")
+    throttled: bool | None = _always("clocks were held down (null: unknown, no NVML)")
+    throttle_reasons: list[str] | None = _always("NVML's reasons")
+    extra: Mapping[str, Any] = _extra()
+
+    KEYS: ClassVar[tuple[str, ...]] = ("clocks_before", "clocks_after", "throttled", "throttle_reasons")
+
+
+@dataclass(frozen=True)
+class Environment(Part):
+    """The first record of a run: the machine, the software and the settings its results share."""
+
+    run_id: str = _required("YYYYMMDDTHHMMSSZ-xxxxxx")
+    created: str = _required("UTC ISO-8601 time the run started")
+    device: dict[str, Any] = _required("kind, name, sm, count, memory_gib, ... and NVML's driver, uuid")
+    versions: dict[str, Any] = _required("package -> version (null: not installed)")
+    host: str | None = _optional("host name")
+    platform: str | None = _optional("OS")
+    git: dict[str, Any] | None = _optional("commit, dirty")
+    multicast: dict[str, Any] | None = _optional("NVLink multicast: env, off")
+    ceilings: dict[str, Any] | None = _optional("measured ceilings and launch_gap (null on CPU)")
+    settings: dict[str, Any] | None = _optional("the sweep options")
+    command: list[str] | None = _optional("the command line")
+    gpus: list[dict[str, Any]] | None = _optional("one entry per GPU of a sharded or collective run")
+    extra: Mapping[str, Any] = _extra()
+
+    null_keys: frozenset[str] = field(default=frozenset(), compare=False, metadata={"internal": True})
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        out.pop("null_keys")
+        out.update({k: None for k in self.null_keys})  # given as null (ceilings on a CPU): written null
+        return {"record": "environment", "schema": SCHEMA, **out}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Environment:
+        _check_kind(d, "environment")
+        body = {k: v for k, v in d.items() if k not in ("record", "schema", "null_keys")}
+        env = super().from_json(body)
+        return replace(env, null_keys=frozenset(k for k, v in body.items() if v is None and k in env.NULLABLE))
+
+    NULLABLE: ClassVar[tuple[str, ...]] = ("host", "platform", "git", "multicast", "ceilings", "settings", "command", "gpus")
+
+
+def _check_kind(d: Mapping[str, Any], kind: str) -> None:
+    if d.get("record", kind) != kind:
+        raise RecordError(f"a {d.get('record')!r} record is not a {kind} record")
+    if d.get("schema", SCHEMA) != SCHEMA:
+        raise RecordError(f"schema {d.get('schema')!r}, expected {SCHEMA!r}")
+
+
+# Top-level keys of a result record besides the identity and the parts, each written only when set.
+RESULT_FIELDS = {
+    "reason": "why the case is not ok: required unless ok",
+    "seed": "input seed of this case",
+    "stages": "seconds per stage: inputs_s, reference_s, bind_s, first_launch_s, check_s, measure_s, item_s",
+    "index": "position in the run's plan",
+    "shared_with": "the case whose measurement this record copies (dedupe)",
+    "repro": "a dskbench run command line that selects this case again",
+    "finished": "unix seconds when the record was written",
+    "gpu_index": "sharded runs: the GPU (index into the environment's gpus) it ran on",
+    "world": "collectives: processes, one per GPU",
+    "ranks": "collectives: each rank's median_us, p10_us, p90_us, method",
+    "detail": "collectives: the set-up's note",
+}
+PARTS = {"check": Check, "traffic": Traffic, "timing": Timing, "metrics": Metrics, "clocks": Clocks}
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One case's result. Invariants (checked on construction): a known status; a reason unless ok; an
+    ok result has a timing with a finite median. `validate_complete` adds what the engine always writes: ok and wrong results carry their check."""
+
+    run_id: str
+    status: str
+    identity: Identity
+    backend: BackendInfo
+    reason: str | None = None
+    seed: int | None = None
+    check: Check | None = None
+    traffic: Traffic | None = None
+    timing: Timing | None = None
+    metrics: Metrics | None = None
+    clocks: Clocks | None = None
+    stages: dict[str, float] | None = None
+    index: int | None = None
+    shared_with: str | None = None
+    repro: str | None = None
+    finished: float | None = None
+    gpu_index: int | None = None
+    world: int | None = None
+    ranks: list[dict[str, Any]] | None = None
+    detail: Any = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise RecordError(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
+        if self.status != "ok" and not self.reason:
+            raise RecordError(f"a {self.status} result needs a reason")
+        if self.status == "ok" and (self.timing is None or not _finite(self.timing.median_us)):
+            raise RecordError("an ok result needs its timing (a finite median)")
+
+    def validate_complete(self) -> ResultRecord:
+        """The engine's records: ok and wrong results carry the check that decided them."""
+        if self.status in ("ok", "wrong") and self.check is None:
+            raise RecordError(f"a {self.status} result needs its check")
+        return self
+
+    @property
+    def case_id(self) -> str:
+        return self.identity.case_id
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(case_id, backend): what a comparison or a resumed sweep matches records on."""
+        return self.identity.case_id, self.backend.name
+
+    @property
+    def gbps(self) -> float | None:
+        """Achieved GB/s: the recorded metric, else the traffic over the median."""
+        return _rate(self.metrics, self.traffic, self.timing, "gbps")
+
+    @property
+    def tflops(self) -> float | None:
+        """Achieved TFLOP/s: the recorded metric, else the FLOPs over the median."""
+        return _rate(self.metrics, self.traffic, self.timing, "tflops")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"record": "result", "schema": SCHEMA, "run_id": self.run_id}
+        out.update(status=self.status, **self.identity.to_json(), backend=self.backend.to_json())
+        for name in PARTS:
+            part = getattr(self, name)
+            if part is not None:
+                out[name] = part.to_json()
+        for name in RESULT_FIELDS:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return {**out, **self.identity.extra, **self.extra}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ResultRecord:
+        _check_kind(d, "result")
+        for k in ("run_id", "status", "backend"):
+            if k not in d:
+                raise RecordError(f"result record lacks {k}")
+        parts = {k: PARTS[k].from_json(d[k]) for k in PARTS if d.get(k) is not None}
+        top = {k: d[k] for k in RESULT_FIELDS if k in d}
+        known = {"record", "schema", "run_id", "status", "backend", *Identity.KEYS, *PARTS, *RESULT_FIELDS}
+        return cls(
+            run_id=str(d["run_id"]),
+            status=d["status"],
+            identity=Identity.from_json(d),
+            backend=BackendInfo.from_json(d["backend"]),
+            **parts,
+            **top,
+            extra={k: v for k, v in d.items() if k not in known},
+        )
+
+    def with_(self, **changes: Any) -> ResultRecord:
+        return replace(self, **changes)
+
+
+# -- reading parts of a record that may be incomplete (a front end's, a test's) ---------------------------
+
+
+def part_of(rec: Mapping[str, Any], name: str) -> Any:
+    """The typed `name` part (check, traffic, timing, metrics, clocks) of a record's JSON, or None when
+    the record has none (a timing without its median counts as none)."""
+    d = rec.get(name)
+    if not isinstance(d, Mapping) or not d or (name == "timing" and "median_us" not in d):
+        return None
+    return PARTS[name].from_json(d)
+
+
+_RATES = {"gbps": ("bytes", 1e3), "tflops": ("flops", 1e6)}
+
+
+def rate(rec: Mapping[str, Any], metric: str) -> float | None:
+    """`gbps` or `tflops` of a record's JSON: the recorded metric, else the traffic over the median."""
+    return _rate(part_of(rec, "metrics"), part_of(rec, "traffic"), part_of(rec, "timing"), metric)
+
+
+def _rate(metrics: Metrics | None, traffic: Traffic | None, timing: Timing | None, metric: str) -> float | None:
+    m = getattr(metrics, metric, None)
+    if _finite(m):
+        return float(m)
+    amount, scale = _RATES[metric]
+    n, t = getattr(traffic, amount, None), getattr(timing, "median_us", None)
+    return n / (t * scale) if _finite(n) and _finite(t) and t > 0 and n > 0 else None
