@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from dskbench.adapters import adapters, get_adapter
-from dskbench.adapters import moe as M
 from dskbench.adapters.backends import SM90_ONLY, SM100
 from dskbench.adapters.common import fp8
 from dskbench.adapters.common.routing import (
@@ -21,6 +20,19 @@ from dskbench.adapters.common.routing import (
     routing_margin,
     sorted_by_expert,
 )
+from dskbench.adapters.moe.align import align_max_padded, marlin_block_size_m, moe_align_reference
+from dskbench.adapters.moe.cutlass_grouped import CUTLASS_FP8_WORKSPACE_BYTES
+from dskbench.adapters.moe.cutlass_prepare import prepare_reference
+from dskbench.adapters.moe.inputs import (
+    ExpertWeights,
+    interleave_w4a8_scales,
+    make_expert_weights,
+    pack_int4,
+    unpack_int4,
+    weight_bytes,
+)
+from dskbench.adapters.moe.reference import grouped_gemm_reference, moe_gemm_reference, quant_dequant_groups
+from dskbench.adapters.moe.trtllm import moe_layer_reference
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
@@ -114,48 +126,48 @@ def test_active_experts_and_sorted_layout():
 
 def test_int4_packing_roundtrip_and_nibble_order():
     q = torch.tensor([[1, -2, -8, 7]], dtype=torch.int8)
-    p = M.pack_int4(q)
+    p = pack_int4(q)
     assert p.tolist() == [[(-2 << 4) | 1, (7 << 4) | 8]]  # even index in the low nibble
-    assert torch.equal(M.unpack_int4(p), q)
+    assert torch.equal(unpack_int4(p), q)
     r = torch.randint(-8, 8, (5, 64), dtype=torch.int8)
-    assert torch.equal(M.unpack_int4(M.pack_int4(r)), r)
+    assert torch.equal(unpack_int4(pack_int4(r)), r)
 
 
 def test_w4a8_scale_interleave_matches_sglang_layout():
     s = torch.arange(2 * 3 * 8, dtype=torch.float32).view(2, 3, 8)  # [E, N, K/128] with K/128 = 8
-    il = M.interleave_w4a8_scales(s)
+    il = interleave_w4a8_scales(s)
     assert il.shape == (2, 2, 12)
     for e in range(2):
         for n in range(3):
             for g in range(8):
                 assert il[e, g // 4, n * 4 + g % 4] == s[e, n, g]
-    assert M.interleave_w4a8_scales(torch.zeros(1, 3, 2)).shape == (1, 2, 3)  # K/128 = 2: no interleave
+    assert interleave_w4a8_scales(torch.zeros(1, 3, 2)).shape == (1, 2, 3)  # K/128 = 2: no interleave
 
 
 def test_marlin_block_size_and_padding():
-    assert M.marlin_block_size_m(1, 8, 256) == 8
-    assert M.marlin_block_size_m(512, 8, 256) == 32  # 16 rows/expert: first bs with 16/bs < 0.9
-    assert M.marlin_block_size_m(16384, 8, 256) == 64
-    assert M.align_max_padded(8, 257, 16) == 8 * 16
-    assert M.align_max_padded(4096, 257, 32) == 4096 + 257 * 31
+    assert marlin_block_size_m(1, 8, 256) == 8
+    assert marlin_block_size_m(512, 8, 256) == 32  # 16 rows/expert: first bs with 16/bs < 0.9
+    assert marlin_block_size_m(16384, 8, 256) == 64
+    assert align_max_padded(8, 257, 16) == 8 * 16
+    assert align_max_padded(4096, 257, 32) == 4096 + 257 * 31
 
 
 # -- references against naive loops ----------------------------------------------------------------------
 
 
-def _tiny_weights(fmt: str, e: int = 3, n: int = 256, k: int = 256) -> M.ExpertWeights:
+def _tiny_weights(fmt: str, e: int = 3, n: int = 256, k: int = 256) -> ExpertWeights:
     gen = torch.Generator().manual_seed(3)
     if fmt == "bf16":
-        return M.ExpertWeights(fmt, torch.randn(e, n, k, generator=gen).to(torch.bfloat16))
+        return ExpertWeights(fmt, torch.randn(e, n, k, generator=gen).to(torch.bfloat16))
     if fmt == "fp8_block":
         w, s = fp8.block_quant(torch.randn(e, n, k, generator=gen))
-        return M.ExpertWeights(fmt, w, s)
+        return ExpertWeights(fmt, w, s)
     q = torch.randint(-8, 8, (e, n, k), generator=gen, dtype=torch.int8)
     s = (torch.rand(e, n, k // 128, generator=gen) + 0.5).to(torch.bfloat16)
-    return M.ExpertWeights(fmt, M.pack_int4(q), s)
+    return ExpertWeights(fmt, pack_int4(q), s)
 
 
-def _naive_weight(w: M.ExpertWeights, e: int) -> torch.Tensor:
+def _naive_weight(w: ExpertWeights, e: int) -> torch.Tensor:
     if w.fmt == "bf16":
         return w.w[e].double()
     if w.fmt == "fp8_block":
@@ -166,7 +178,7 @@ def _naive_weight(w: M.ExpertWeights, e: int) -> torch.Tensor:
                     w.scale[e, i // 128, j0 // 128]
                 )
         return full
-    q = M.unpack_int4(w.w[e]).double()
+    q = unpack_int4(w.w[e]).double()
     return q * w.scale[e].double().repeat_interleave(128, dim=1)
 
 
@@ -176,9 +188,9 @@ def test_moe_gemm_reference_against_loops(fmt):
     ids = torch.tensor([[0, 2], [2, 1], [0, 1]], dtype=torch.int32)
     tw = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]])
     a = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
-    up = M.moe_gemm_reference(a, w, ids, None, gate_up=True)
+    up = moe_gemm_reference(a, w, ids, None, gate_up=True)
     a2 = torch.randn(6, 256, generator=torch.Generator().manual_seed(2))
-    down = M.moe_gemm_reference(a2, w, ids, tw, gate_up=False)
+    down = moe_gemm_reference(a2, w, ids, tw, gate_up=False)
     assert up.shape == (6, 256) and down.shape == (3, 2, 256)
     for t in range(3):
         for j in range(2):
@@ -192,7 +204,7 @@ def test_moe_gemm_reference_against_loops(fmt):
 def test_grouped_gemm_reference_uses_expert_row_ranges():
     w = _tiny_weights("fp8_block")
     a = torch.randn(5, 256, generator=torch.Generator().manual_seed(4))
-    out = M.grouped_gemm_reference(a, torch.tensor([0, 2, 2, 5]), w)
+    out = grouped_gemm_reference(a, torch.tensor([0, 2, 2, 5]), w)
     for r, e in enumerate([0, 0, 2, 2, 2]):
         assert torch.allclose(out[r].double(), a[r].double() @ _naive_weight(w, e).t(), rtol=1e-4, atol=1e-3)
 
@@ -200,11 +212,11 @@ def test_grouped_gemm_reference_uses_expert_row_ranges():
 def test_moe_layer_reference_against_loop():
     e, h, inter = 8, 128, 128
     gen = torch.Generator().manual_seed(5)
-    w13 = M.ExpertWeights("bf16", torch.randn(e, 2 * inter, h, generator=gen).to(torch.bfloat16) * 0.1)
-    w2 = M.ExpertWeights("bf16", torch.randn(e, h, inter, generator=gen).to(torch.bfloat16) * 0.1)
+    w13 = ExpertWeights("bf16", torch.randn(e, 2 * inter, h, generator=gen).to(torch.bfloat16) * 0.1)
+    w2 = ExpertWeights("bf16", torch.randn(e, h, inter, generator=gen).to(torch.bfloat16) * 0.1)
     r = deepseek_routing(3, e, 2, n_group=4, topk_group=2, seed=2)
     x = torch.randn(3, h, generator=gen)
-    out = M.moe_layer_reference(x, w13, w2, r.logits, r.bias, (2, 4, 2, 2.5))
+    out = moe_layer_reference(x, w13, w2, r.logits, r.bias, (2, 4, 2, 2.5))
     for t in range(3):
         want = torch.zeros(h, dtype=torch.float64)
         for j in range(2):
@@ -220,7 +232,7 @@ def test_moe_layer_reference_against_loop():
 
 def test_moe_align_reference_by_hand():
     ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
-    sorted_ids, expert_ids, n_post = M.moe_align_reference(ids, 4, 2)
+    sorted_ids, expert_ids, n_post = moe_align_reference(ids, 4, 2)
     assert n_post.tolist() == [6]
     assert expert_ids.tolist() == [0, 1, 3]
     assert sorted_ids.tolist() == [0, 4, 1, 2, 3, 5] + [6] * 5  # numel 6 + (4+1)*(2-1) slots
@@ -233,7 +245,7 @@ def test_moe_align_check_accepts_any_order_in_a_segment_and_rejects_errors():
     assert x["topk_ids"].shape == (64, 8) and x["topk_ids"].dtype == torch.int32
     ref = a.reference(x, c)
     bs = a.block_size(c)
-    assert bs == 8 and ref[0].numel() == M.align_max_padded(512, 257, 8)
+    assert bs == 8 and ref[0].numel() == align_max_padded(512, 257, 8)
     s, eids, post = (t.clone() for t in ref)
     s[:bs] = s[:bs].flip(0)  # a block belongs to one expert: any order inside it is valid
     out_eids = torch.cat([eids, torch.full((7,), -7, dtype=torch.int32)])  # garbage beyond the used blocks
@@ -250,12 +262,12 @@ def test_moe_align_check_accepts_any_order_in_a_segment_and_rejects_errors():
 
 def test_prepare_moe_input_reference_and_check():
     ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
-    off, ps1, ps2, in_perm, out_perm, flat = M.prepare_reference(ids, 4, n=2048, k=7168)
+    off, ps1, ps2, in_perm, out_perm, flat = prepare_reference(ids, 4, n=2048, k=7168)
     assert off.tolist() == [0, 2, 4, 4, 6]
     assert ps1.tolist() == [[2, 4096, 7168], [2, 4096, 7168], [0, 4096, 7168], [2, 4096, 7168]]
     assert ps2[3].tolist() == [2, 7168, 2048]
     assert in_perm.tolist() == [0, 2, 0, 1, 1, 2] and out_perm.tolist() == [0, 2, 3, 4, 1, 5]
-    sw = M.prepare_reference(ids, 4, n=2048, k=7168, swapped=True)
+    sw = prepare_reference(ids, 4, n=2048, k=7168, swapped=True)
     assert sw[1][0].tolist() == [4096, 2, 7168] and sw[2][0].tolist() == [7168, 2, 2048]
 
     a = get_adapter("prepare_moe_input")
@@ -428,16 +440,16 @@ def test_fused_moe_down_variant_and_fp8_reference_quantises_activations():
     )
     ref = a.reference(x, c)
     assert ref.shape == (1, 8, 7168)
-    w = M.ExpertWeights("fp8_block", x["w"], x["w_scale"])
+    w = ExpertWeights("fp8_block", x["w"], x["w_scale"])
     e = int(x["topk_ids"][0, 3])
-    deq = M._quant_dequant_groups(x["a"])
+    deq = quant_dequant_groups(x["a"])
     want = float(x["topk_weights"][0, 3]) * (deq[3] @ w.dequant(e, {}).t())
     assert torch.allclose(ref[0, 3], want, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(deq, x["a"].float())  # the FP8 input quantisation is really applied
 
 
 def test_cpu_weights_share_one_slab():
-    w = M.make_expert_weights(256, 512, 256, "fp8_block", "cpu", torch.Generator().manual_seed(0))
+    w = make_expert_weights(256, 512, 256, "fp8_block", "cpu", torch.Generator().manual_seed(0))
     assert w.w.stride(0) == 0 and w.scale.stride(0) == 0 and w.key(0) == w.key(255)
     deq = w.dequant(7, {})
     assert 0.5 / 16 < float(deq.std()) < 2.0 / 16  # std ~ 1/sqrt(K)
@@ -466,9 +478,9 @@ def test_traffic_matches_catalogue():
     act = 7168 * 2 + 8 * 4096 * 2 + 8 * 4  # A in, C out, topk ids
     assert up.bytes == 8 * 4096 * 7168 * 2 + act
     assert up.bytes + down.bytes > 8 * PER_EXPERT_BF16
-    fp8_per_expert = M.weight_bytes(4096, 7168, "fp8_block") + M.weight_bytes(7168, 2048, "fp8_block")
+    fp8_per_expert = weight_bytes(4096, 7168, "fp8_block") + weight_bytes(7168, 2048, "fp8_block")
     assert fp8_per_expert == 44_040_192 + 4 * (32 * 56 + 56 * 16)
-    assert M.weight_bytes(4096, 7168, "w4a8") == 4096 * 7168 // 2 + 4096 * 56 * 2
+    assert weight_bytes(4096, 7168, "w4a8") == 4096 * 7168 // 2 + 4096 * 56 * 2
     layer = get_adapter("trtllm_bf16_moe").traffic(_case("trtllm_bf16_moe", 16))
     assert layer.flops == 16 * LAYER_FLOPS_PER_TOKEN
     assert layer.bytes - active_experts(16) * PER_EXPERT_BF16 == 16 * 256 * 4 + 256 * 2 + 2 * 16 * 7168 * 2
@@ -518,7 +530,7 @@ def test_moe_gemm_role_variants_in_shapes():
 
 def _fake_align(ids, n_buckets, bs, sorted_ids, expert_ids, n_post, cumsum, pad, *ignore_invalid):
     assert pad is True and n_buckets == 257 and cumsum.numel() == n_buckets + 1
-    s, e, p = M.moe_align_reference(ids, n_buckets - 1, bs)
+    s, e, p = moe_align_reference(ids, n_buckets - 1, bs)
     sorted_ids.copy_(s)
     expert_ids[: e.numel()] = e
     n_post.copy_(p)
@@ -547,7 +559,7 @@ def test_bookkeeping_binds_with_cpu_standins():
     def prepare(ids, offsets, blockscale, ps1, ps2, in_perm, out_perm, e, n, k):
         assert blockscale is None and (e, n, k) == (256, 2048, 7168)
         for dst, src in zip(
-            (offsets, ps1, ps2, in_perm, out_perm), M.prepare_reference(ids, e, n, k), strict=False
+            (offsets, ps1, ps2, in_perm, out_perm), prepare_reference(ids, e, n, k), strict=False
         ):
             dst.copy_(src)
 
@@ -556,9 +568,7 @@ def test_bookkeeping_binds_with_cpu_standins():
     w = get_adapter("get_cutlass_w4a8_moe_mm_data")
 
     def w4a8_data(ids, offsets, ps1, ps2, in_perm, out_perm, e, n, k):
-        for dst, src in zip(
-            (offsets, ps1, ps2), M.prepare_reference(ids, e, n, k, swapped=True), strict=False
-        ):
+        for dst, src in zip((offsets, ps1, ps2), prepare_reference(ids, e, n, k, swapped=True), strict=False):
             dst.copy_(src)
 
     assert w.check(w.backends[0].bind(w4a8_data, x, c)(), w.reference(x, c), c).ok
@@ -616,7 +626,7 @@ def test_cutlass_fp8_grouped_binds_with_cpu_standin():
             else:
                 out, *ptrs, a, b, sa, sb, st_a, st_b, st_d, lay_a, lay_b, sizes, offsets, ws = args
                 assert len(ptrs) == 5 and lay_a.shape == (256, 5)
-            assert offsets.numel() == 256 and ws.numel() == M.CUTLASS_FP8_WORKSPACE_BYTES
+            assert offsets.numel() == 256 and ws.numel() == CUTLASS_FP8_WORKSPACE_BYTES
             assert b.stride(1) == 1  # [E, K, N] with K contiguous: the [E, N, K] weight, transposed
             grouped(out, a, b, sa, sb, st_a, st_b, st_d, sizes, offsets)
 
@@ -638,7 +648,7 @@ def test_w4a8_bind_with_cpu_standin(variant):
         plain = b_scale.view(e_n, g4 // al, n, al).permute(0, 2, 1, 3).reshape(e_n, n, g4)  # undo interleave
         for e, r0, m in _grouped_rows(offsets, sizes, 1):  # sizes are (N, M, K)
             assert tuple(sizes[e].tolist()) == (n, m, k)
-            w = M.unpack_int4(b[e]).float() * plain[e].float().repeat_interleave(128, 1)
+            w = unpack_int4(b[e]).float() * plain[e].float().repeat_interleave(128, 1)
             d[r0 : r0 + m] = ((a[r0 : r0 + m].float() * a_scale) @ w.t()).to(d.dtype)
 
     assert g.check(g.backends[0].bind(w4a8, x, c)(), g.reference(x, c), c).ok
@@ -653,10 +663,10 @@ def test_trtllm_fp8_bind_passes_transposed_activation_scales():
     def fake(**kw):
         seen.update(kw)
         hs = fp8.dequant_per_token_group(kw["hidden_states"], kw["hidden_states_scale"].t(), 128)
-        w13 = M.ExpertWeights("fp8_block", kw["gemm1_weights"], kw["gemm1_weights_scale"])
-        w2 = M.ExpertWeights("fp8_block", kw["gemm2_weights"], kw["gemm2_weights_scale"])
+        w13 = ExpertWeights("fp8_block", kw["gemm1_weights"], kw["gemm1_weights_scale"])
+        w2 = ExpertWeights("fp8_block", kw["gemm2_weights"], kw["gemm2_weights_scale"])
         routing = (kw["top_k"], kw["n_group"], kw["topk_group"], kw["routed_scaling_factor"])
-        out = M.moe_layer_reference(hs, w13, w2, kw["routing_logits"], kw["routing_bias"], routing, True)
+        out = moe_layer_reference(hs, w13, w2, kw["routing_logits"], kw["routing_bias"], routing, True)
         kw["output"].copy_(out)
 
     out = a.backends[0].bind(fake, x, c)()
