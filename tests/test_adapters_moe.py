@@ -1,9 +1,9 @@
-"""MoE compute adapters (dskbench.adapters.moe) and the routing generator on CPU: inputs, references
-against naive loops, the integer checks, traffic against the catalogue's numbers, backend declarations."""
+"""MoE compute adapters (dskbench.adapters.moe) on CPU: inputs, references against naive loops, the integer
+checks, traffic against the catalogue's numbers, backend declarations (binders: test_adapters_moe_binds)."""
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import re
 
 import pytest
@@ -16,12 +16,8 @@ from dskbench.adapters.common.routing import (
     active_experts,
     deepseek_routing,
     expert_counts,
-    grouped_topk,
-    routing_margin,
-    sorted_by_expert,
 )
 from dskbench.adapters.moe.align import align_max_padded, marlin_block_size_m, moe_align_reference
-from dskbench.adapters.moe.cutlass_grouped import CUTLASS_FP8_WORKSPACE_BYTES
 from dskbench.adapters.moe.cutlass_prepare import prepare_reference
 from dskbench.adapters.moe.inputs import (
     ExpertWeights,
@@ -57,68 +53,13 @@ PER_EXPERT_BF16 = 88_080_384  # catalogue §5: gate_up + down of one expert, BF1
 LAYER_FLOPS_PER_TOKEN = 704_643_072  # catalogue §5: both GEMMs of the routed experts, per token
 
 
-def _case(kernel: str, t: int = 1, variant: str | None = None, tp: int = 1) -> Case:
+def moe_case(kernel: str, t: int = 1, variant: str | None = None, tp: int = 1) -> Case:
     a = get_adapter(kernel)
     phase = "decode" if t <= 512 else "prefill"
     for c in SHAPES.cases(kernel, ["experts"], a.role, phase, profile="full", tp=[tp]):
         if c.point["T"] == t and (variant is None or c.variant == variant):
             return c
     raise LookupError(f"no {kernel} case T={t} {variant}")
-
-
-# -- routing ---------------------------------------------------------------------------------------------
-
-
-def _naive_routing(logits, bias, k, n_group, topk_group):
-    ids_out, w_out = [], []
-    for row in logits.double().tolist():
-        s = [1.0 / (1.0 + math.exp(-x)) for x in row]
-        b = [si + bi for si, bi in zip(s, bias.double().tolist(), strict=True)]
-        per = len(b) // n_group
-        gs = [sum(sorted(b[g * per : (g + 1) * per], reverse=True)[:2]) for g in range(n_group)]
-        keep = sorted(range(n_group), key=lambda g: -gs[g])[:topk_group]
-        ids = sorted((e for g in keep for e in range(g * per, (g + 1) * per)), key=lambda e: -b[e])[:k]
-        tot = sum(s[e] for e in ids)
-        ids_out.append(ids)
-        w_out.append([s[e] / tot for e in ids])
-    return ids_out, w_out
-
-
-def test_grouped_topk_matches_naive_routing():
-    r = deepseek_routing(5, 32, 4, n_group=4, topk_group=2, seed=7)
-    ids, w = _naive_routing(r.logits, r.bias, 4, 4, 2)
-    for t in range(5):
-        got = dict(zip(r.topk_ids[t].tolist(), r.topk_weights[t].tolist(), strict=True))
-        want = dict(zip(ids[t], w[t], strict=True))
-        assert got.keys() == want.keys()
-        assert all(abs(got[e] - want[e]) < 1e-6 for e in want)
-    w2, ids2 = grouped_topk(r.logits, r.bias, 4, 4, 2, routed_scaling_factor=2.5)
-    assert torch.equal(ids2, r.topk_ids) and torch.allclose(w2, r.topk_weights * 2.5)
-
-
-def test_routing_is_deepseek_shaped_and_uneven():
-    r = deepseek_routing(4096, seed=0)
-    assert r.topk_ids.shape == (4096, 8) and r.topk_ids.dtype == torch.int32
-    assert r.topk_weights.dtype == torch.float32 and torch.allclose(r.topk_weights.sum(1), torch.ones(4096))
-    groups = (r.topk_ids // 32).long()
-    n_groups = torch.zeros(4096, 8, dtype=torch.long).scatter_(1, groups, 1).sum(1)
-    assert int(n_groups.max()) <= 4  # topk_group = 4 of n_group = 8
-    assert all(len(set(row)) == 8 for row in r.topk_ids.tolist())
-    counts = expert_counts(r.topk_ids, 256).float()
-    assert counts.max() > 2.5 * counts.mean()  # some experts are hot
-    assert torch.equal(r.bias, r.bias.to(torch.bfloat16).float())  # exact in bf16 for the trtllm kernels
-    again = deepseek_routing(4096, seed=0)
-    assert torch.equal(again.topk_ids, r.topk_ids)
-    assert not torch.equal(deepseek_routing(4096, seed=1).topk_ids, r.topk_ids)
-
-
-def test_active_experts_and_sorted_layout():
-    assert active_experts(1) == 8
-    assert 8 < active_experts(16) <= 128
-    assert active_experts(16384) >= 250
-    ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
-    order, offsets = sorted_by_expert(ids, 4)
-    assert order.tolist() == [0, 4, 1, 2, 3, 5] and offsets.tolist() == [0, 2, 4, 4, 6]
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -240,7 +181,7 @@ def test_moe_align_reference_by_hand():
 
 def test_moe_align_check_accepts_any_order_in_a_segment_and_rejects_errors():
     a = get_adapter("moe_align_block_size")
-    c = _case("moe_align_block_size", t=64)
+    c = moe_case("moe_align_block_size", t=64)
     x = a.make_inputs(c, "cpu", 0)
     assert x["topk_ids"].shape == (64, 8) and x["topk_ids"].dtype == torch.int32
     ref = a.reference(x, c)
@@ -271,7 +212,7 @@ def test_prepare_moe_input_reference_and_check():
     assert sw[1][0].tolist() == [4096, 2, 7168] and sw[2][0].tolist() == [7168, 2, 2048]
 
     a = get_adapter("prepare_moe_input")
-    c = _case("prepare_moe_input", t=16)
+    c = moe_case("prepare_moe_input", t=16)
     x = a.make_inputs(c, "cpu", 1)
     ref = a.reference(x, c)
     # a kernel may order rows inside an expert differently: swap two rows of one expert consistently
@@ -290,7 +231,7 @@ def test_prepare_moe_input_reference_and_check():
 
 def test_get_cutlass_w4a8_data_problem_sizes_are_n_m_k():
     a = get_adapter("get_cutlass_w4a8_moe_mm_data")
-    c = _case("get_cutlass_w4a8_moe_mm_data", t=16)
+    c = moe_case("get_cutlass_w4a8_moe_mm_data", t=16)
     x = a.make_inputs(c, "cpu", 0)
     off, ps1, ps2 = a.reference(x, c)
     counts = expert_counts(x["topk_ids"], 256)
@@ -302,7 +243,7 @@ def test_get_cutlass_w4a8_data_problem_sizes_are_n_m_k():
 
 def test_shuffle_rows_and_combine_references():
     a = get_adapter("shuffle_rows")
-    c = _case("shuffle_rows", t=16)
+    c = moe_case("shuffle_rows", t=16)
     x = a.make_inputs(c, "cpu", 0)
     assert x["x"].dtype == torch.float8_e4m3fn and x["x"].shape == (16, 7168)
     assert x["dst2src_map"].shape == (128,) and x["dst2src_map"].dtype == torch.int32
@@ -313,7 +254,7 @@ def test_shuffle_rows_and_combine_references():
     assert not a.check(broken.view(torch.float8_e4m3fn), ref, c).ok
 
     b = get_adapter("apply_shuffle_mul_sum")
-    cb = _case("apply_shuffle_mul_sum", t=16)
+    cb = moe_case("apply_shuffle_mul_sum", t=16)
     y = b.make_inputs(cb, "cpu", 0)
     assert y["c2"].shape == (128, 7168) and y["factors"].dtype == torch.bfloat16
     out = b.reference(y, cb)
@@ -326,7 +267,7 @@ def test_shuffle_rows_and_combine_references():
 
 def test_moe_sum_reduce_reference():
     a = get_adapter("moe_sum_reduce")
-    c = _case("moe_sum_reduce", t=16)
+    c = moe_case("moe_sum_reduce", t=16)
     x = a.make_inputs(c, "cpu", 0)
     assert x["x"].shape == (16, 8, 7168) and x["x"].dtype == torch.bfloat16
     ref = a.reference(x, c)
@@ -393,7 +334,7 @@ def _snapshot(v: torch.Tensor) -> torch.Tensor:
 def test_inputs_reference_and_self_check(kernel):
     """A GEMM returns one tensor; a fused layer also the tokens clear of routing ties."""
     a = get_adapter(kernel)
-    c = _case(kernel, 1, VARIANT.get(kernel))
+    c = moe_case(kernel, 1, VARIANT.get(kernel))
     x = a.make_inputs(c, "cpu", 0)
     for name, (shape, dtype) in EXPECTED_INPUTS.get(kernel, {}).items():
         assert tuple(x[name].shape) == shape and x[name].dtype == dtype, name
@@ -407,18 +348,10 @@ def test_inputs_reference_and_self_check(kernel):
     assert not a.check((ref + ref.std()).to(torch.bfloat16), pack(ref), c).ok
 
 
-def test_routing_margin_by_hand():
-    logits = torch.zeros(1, 4)  # every score 0.5: the bias decides
-    far = routing_margin(logits, torch.tensor([0.1, 0.0, 0.05, 0.3]), 1, 2, 1)
-    assert far.item() == pytest.approx(0.25)  # group gap 1.35 - 1.1, expert gap 0.8 - 0.55
-    near = routing_margin(logits, torch.tensor([0.1, 0.0, 0.29, 0.3]), 1, 2, 1)
-    assert near.item() == pytest.approx(0.01, abs=1e-6)
-
-
 @pytest.mark.parametrize("kernel", LAYER_KERNELS)
 def test_fused_layer_check_skips_only_near_tie_tokens(kernel):
     a = get_adapter(kernel)
-    c = _case(kernel, 16, tp=8)
+    c = moe_case(kernel, 16, tp=8)
     out, clear = a.reference(a.make_inputs(c, "cpu", 2), c)
     assert clear.shape == (16,) and clear.dtype == torch.bool
     tied = clear.clone()
@@ -431,7 +364,7 @@ def test_fused_layer_check_skips_only_near_tie_tokens(kernel):
 
 def test_fused_moe_down_variant_and_fp8_reference_quantises_activations():
     a = get_adapter("fused_moe_kernel")
-    c = _case("fused_moe_kernel", 1, "down.fp8")
+    c = moe_case("fused_moe_kernel", 1, "down.fp8")
     x = a.make_inputs(c, "cpu", 0)
     assert (
         x["a"].shape == (8, 2048)
@@ -471,8 +404,8 @@ def test_applies_filters_weight_formats():
 def test_traffic_matches_catalogue():
     fused = get_adapter("fused_moe_kernel")
     up, down = (
-        fused.traffic(_case("fused_moe_kernel", 1, "gate_up.bf16")),
-        fused.traffic(_case("fused_moe_kernel", 1, "down.bf16")),
+        fused.traffic(moe_case("fused_moe_kernel", 1, "gate_up.bf16")),
+        fused.traffic(moe_case("fused_moe_kernel", 1, "down.bf16")),
     )
     assert up.flops + down.flops == LAYER_FLOPS_PER_TOKEN
     act = 7168 * 2 + 8 * 4096 * 2 + 8 * 4  # A in, C out, topk ids
@@ -481,18 +414,19 @@ def test_traffic_matches_catalogue():
     fp8_per_expert = weight_bytes(4096, 7168, "fp8_block") + weight_bytes(7168, 2048, "fp8_block")
     assert fp8_per_expert == 44_040_192 + 4 * (32 * 56 + 56 * 16)
     assert weight_bytes(4096, 7168, "w4a8") == 4096 * 7168 // 2 + 4096 * 56 * 2
-    layer = get_adapter("trtllm_bf16_moe").traffic(_case("trtllm_bf16_moe", 16))
+    layer = get_adapter("trtllm_bf16_moe").traffic(moe_case("trtllm_bf16_moe", 16))
     assert layer.flops == 16 * LAYER_FLOPS_PER_TOKEN
     assert layer.bytes - active_experts(16) * PER_EXPERT_BF16 == 16 * 256 * 4 + 256 * 2 + 2 * 16 * 7168 * 2
-    assert get_adapter("moe_sum_reduce").traffic(_case("moe_sum_reduce", 16)).bytes == 129_024 * 16
+    assert get_adapter("moe_sum_reduce").traffic(moe_case("moe_sum_reduce", 16)).bytes == 129_024 * 16
     assert (
-        get_adapter("apply_shuffle_mul_sum").traffic(_case("apply_shuffle_mul_sum", 16)).bytes == 129_072 * 16
+        get_adapter("apply_shuffle_mul_sum").traffic(moe_case("apply_shuffle_mul_sum", 16)).bytes
+        == 129_072 * 16
     )
     g = get_adapter("fp8_blockwise_scaled_grouped_mm").traffic(
-        _case("fp8_blockwise_scaled_grouped_mm", 1, "gate_up.fp8")
+        moe_case("fp8_blockwise_scaled_grouped_mm", 1, "gate_up.fp8")
     )
     assert g.flops == 2 * 8 * 4096 * 7168
-    tp8 = fused.traffic(_case("fused_moe_kernel", 1, "down.bf16", tp=8))
+    tp8 = fused.traffic(moe_case("fused_moe_kernel", 1, "down.bf16", tp=8))
     assert tp8.flops == 2 * 8 * 7168 * 256  # I / tp
 
 
@@ -525,157 +459,6 @@ def test_moe_gemm_role_variants_in_shapes():
     assert up.dims == {"T": 16, "N": 4096, "K": 7168, "E": 256, "topk": 8, "weight": "bf16"}
 
 
-# -- bind plumbing, with CPU stand-ins that take the real kernels' arguments ------------------------------
-
-
-def _fake_align(ids, n_buckets, bs, sorted_ids, expert_ids, n_post, cumsum, pad, *ignore_invalid):
-    assert pad is True and n_buckets == 257 and cumsum.numel() == n_buckets + 1
-    s, e, p = moe_align_reference(ids, n_buckets - 1, bs)
-    sorted_ids.copy_(s)
-    expert_ids[: e.numel()] = e
-    n_post.copy_(p)
-    return len(ignore_invalid)
-
-
-def test_align_binds_pass_sglangs_arguments():
-    a = get_adapter("moe_align_block_size")
-    c = _case("moe_align_block_size", 16)
-    x = a.make_inputs(c, "cpu", 0)
-    seen = []
-    for b in a.backends:
-
-        def fake(*args, _seen=seen):
-            _seen.append(_fake_align(*args))
-
-        assert a.check(b.bind(fake, x, c)(), a.reference(x, c), c).ok
-    assert seen == [1, 0, 0]  # only the AOT op takes ignore_invalid_expert
-
-
-def test_bookkeeping_binds_with_cpu_standins():
-    p = get_adapter("prepare_moe_input")
-    c = _case("prepare_moe_input", 16)
-    x = p.make_inputs(c, "cpu", 0)
-
-    def prepare(ids, offsets, blockscale, ps1, ps2, in_perm, out_perm, e, n, k):
-        assert blockscale is None and (e, n, k) == (256, 2048, 7168)
-        for dst, src in zip(
-            (offsets, ps1, ps2, in_perm, out_perm), prepare_reference(ids, e, n, k), strict=False
-        ):
-            dst.copy_(src)
-
-    assert p.check(p.backends[0].bind(prepare, x, c)(), p.reference(x, c), c).ok
-
-    w = get_adapter("get_cutlass_w4a8_moe_mm_data")
-
-    def w4a8_data(ids, offsets, ps1, ps2, in_perm, out_perm, e, n, k):
-        for dst, src in zip((offsets, ps1, ps2), prepare_reference(ids, e, n, k, swapped=True), strict=False):
-            dst.copy_(src)
-
-    assert w.check(w.backends[0].bind(w4a8_data, x, c)(), w.reference(x, c), c).ok
-
-    s = get_adapter("shuffle_rows")
-    xs = s.make_inputs(c, "cpu", 0)
-    out = s.backends[0].bind(lambda inp, m, o: o.copy_(inp[m.long()]), xs, c)()
-    assert s.check(out, s.reference(xs, c), c).ok
-
-    m = get_adapter("apply_shuffle_mul_sum")
-    xm = m.make_inputs(c, "cpu", 0)
-
-    def shuffle_mul_sum(inp, o, perm, factors):
-        rows = inp.float()[perm.long()].view(o.shape[0], -1, o.shape[1])
-        o.copy_((rows * factors.float().unsqueeze(-1)).sum(1))
-
-    assert m.check(m.backends[0].bind(shuffle_mul_sum, xm, c)(), m.reference(xm, c), c).ok
-
-    r = get_adapter("moe_sum_reduce")
-    xr = r.make_inputs(c, "cpu", 0)
-    for b in r.backends:
-        out = b.bind(lambda inp, o, f: o.copy_(inp.float().sum(1) * f), xr, c)()
-        assert r.check(out, r.reference(xr, c), c).ok
-
-
-def _grouped_rows(offsets, sizes, n_col):
-    """Rows and M of each expert from offsets and (M, N, K) / (N, M, K) problem sizes."""
-    for e in range(sizes.shape[0]):
-        m = int(sizes[e, n_col])
-        if m:
-            yield e, int(offsets[e]), m
-
-
-def test_cutlass_fp8_grouped_binds_with_cpu_standin():
-    def grouped(out, a, b, sa, sb, stride_a, stride_b, stride_c, sizes, offsets):
-        assert b.shape[1] == a.shape[1] and sb.shape[1] == a.shape[1] // 128  # b is [E, K, N]
-        assert int(stride_a[0]) == a.shape[1] and int(stride_c[0]) == out.shape[1]
-        for e, r0, m in _grouped_rows(offsets, sizes, 0):
-            assert tuple(sizes[e].tolist()) == (m, out.shape[1], a.shape[1])
-            wt = b[e].float() * sb[e].float().repeat_interleave(128, 0).repeat_interleave(128, 1)  # [K, N]
-            aa = a[r0 : r0 + m].float() * sa[r0 : r0 + m].repeat_interleave(128, 1)
-            out[r0 : r0 + m] = (aa @ wt).to(out.dtype)
-
-    for kernel, variant in (
-        ("fp8_blockwise_scaled_grouped_mm", "gate_up.fp8"),
-        ("es_fp8_blockwise_scaled_grouped_mm", "down.fp8"),
-    ):
-        g = get_adapter(kernel)
-        c = _case(kernel, 1, variant, tp=8)  # TP 8 keeps the CPU stand-in's per-expert dequantisation small
-        x = g.make_inputs(c, "cpu", 0)
-
-        def fake(*args, _es=kernel.startswith("es")):
-            if _es:
-                out, a, b, sa, sb, st_a, st_b, st_d, sizes, offsets, ws = args
-            else:
-                out, *ptrs, a, b, sa, sb, st_a, st_b, st_d, lay_a, lay_b, sizes, offsets, ws = args
-                assert len(ptrs) == 5 and lay_a.shape == (256, 5)
-            assert offsets.numel() == 256 and ws.numel() == CUTLASS_FP8_WORKSPACE_BYTES
-            assert b.stride(1) == 1  # [E, K, N] with K contiguous: the [E, N, K] weight, transposed
-            grouped(out, a, b, sa, sb, st_a, st_b, st_d, sizes, offsets)
-
-        out = g.backends[0].bind(fake, x, c)()
-        assert g.check(out, g.reference(x, c), c).ok, kernel
-
-
-@pytest.mark.parametrize("variant", ["gate_up.w4a8", "down.w4a8"])  # K/128 = 56 (interleaved by 4) and 2
-def test_w4a8_bind_with_cpu_standin(variant):
-    g = get_adapter("cutlass_w4a8_moe_mm")
-    c = _case("cutlass_w4a8_moe_mm", 1, variant, tp=8)
-    x = g.make_inputs(c, "cpu", 0)
-
-    def w4a8(d, a, b, a_scale, b_scale, offsets, sizes, a_str, b_str, d_str, s_str, chunk, topk):
-        e_n, n, k = b.shape[0], b.shape[1], a.shape[1]
-        assert (chunk, topk) == (128, 8) and a_str.shape == (e_n, 3) and int(d_str[0, 0]) == n
-        g4 = k // 128
-        al = 4 if g4 % 4 == 0 else 1
-        plain = b_scale.view(e_n, g4 // al, n, al).permute(0, 2, 1, 3).reshape(e_n, n, g4)  # undo interleave
-        for e, r0, m in _grouped_rows(offsets, sizes, 1):  # sizes are (N, M, K)
-            assert tuple(sizes[e].tolist()) == (n, m, k)
-            w = unpack_int4(b[e]).float() * plain[e].float().repeat_interleave(128, 1)
-            d[r0 : r0 + m] = ((a[r0 : r0 + m].float() * a_scale) @ w.t()).to(d.dtype)
-
-    assert g.check(g.backends[0].bind(w4a8, x, c)(), g.reference(x, c), c).ok
-
-
-def test_trtllm_fp8_bind_passes_transposed_activation_scales():
-    a = get_adapter("trtllm_fp8_block_scale_moe")
-    c = _case("trtllm_fp8_block_scale_moe", 1, tp=8)
-    x = a.make_inputs(c, "cpu", 0)
-    seen = {}
-
-    def fake(**kw):
-        seen.update(kw)
-        hs = fp8.dequant_per_token_group(kw["hidden_states"], kw["hidden_states_scale"].t(), 128)
-        w13 = ExpertWeights("fp8_block", kw["gemm1_weights"], kw["gemm1_weights_scale"])
-        w2 = ExpertWeights("fp8_block", kw["gemm2_weights"], kw["gemm2_weights_scale"])
-        routing = (kw["top_k"], kw["n_group"], kw["topk_group"], kw["routed_scaling_factor"])
-        out = moe_layer_reference(hs, w13, w2, kw["routing_logits"], kw["routing_bias"], routing, True)
-        kw["output"].copy_(out)
-
-    out = a.backends[0].bind(fake, x, c)()
-    assert a.check(out, a.reference(x, c), c).ok
-    assert seen["hidden_states_scale"].shape == (56, 1) and seen["routing_method_type"] == 2
-    assert seen["weight_layout"] == 0 and not seen["use_shuffled_weight"] and seen["local_num_experts"] == 256
-    assert seen["intermediate_size"] == 256 and seen["tune_max_num_tokens"] == 1
-
-
 def test_fp8_expert_gemms_compare_with_the_fp8_rate():
     for kernel, want in (
         ("fp8_blockwise_scaled_grouped_mm", {"fp8"}),
@@ -690,9 +473,27 @@ def test_fp8_expert_gemms_compare_with_the_fp8_rate():
         assert cases and {a.traffic_for(a.backends[0].name, c).compute for c in cases} == want, kernel
     fused = get_adapter("fused_moe_kernel")
     assert (
-        fused.traffic_for("sglang_triton", _case("fused_moe_kernel", variant="gate_up.fp8")).compute == "fp8"
+        fused.traffic_for("sglang_triton", moe_case("fused_moe_kernel", variant="gate_up.fp8")).compute
+        == "fp8"
     )
     assert (
-        fused.traffic_for("sglang_triton", _case("fused_moe_kernel", variant="gate_up.bf16")).compute
+        fused.traffic_for("sglang_triton", moe_case("fused_moe_kernel", variant="gate_up.bf16")).compute
         == "bf16"
     )
+
+
+def test_model_constants_come_from_the_case():
+    """A case alone decides an adapter's inputs: routing groups and routed_scaling_factor are its model's."""
+    c = moe_case("moe_sum_reduce", t=16)
+    a = get_adapter("moe_sum_reduce")
+    x = a.make_inputs(c, "cpu", 0)
+    other = dataclasses.replace(c, model={**c.model, "routed_scaling_factor": 1.0})
+    assert torch.allclose(a.reference(x, c), a.reference(x, other) * 2.5)
+    factors = []
+    a.backends[0].bind(lambda inp, out, f: factors.append(f), x, other)()
+    assert factors == [1.0]
+    p = get_adapter("prepare_moe_input")
+    flat = dataclasses.replace(c, model={**c.model, "n_group": 1, "topk_group": 1})  # no group restriction
+    ids, ids_flat = p.make_inputs(c, "cpu", 0)["topk_ids"], p.make_inputs(flat, "cpu", 0)["topk_ids"]
+    assert int(((ids // 32).long().sort(-1).values.diff(dim=-1) != 0).sum(-1).max()) <= 3  # <= 4 groups
+    assert not torch.equal(ids.sort(-1).values, ids_flat.sort(-1).values)
