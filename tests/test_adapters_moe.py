@@ -1,26 +1,34 @@
-"""MoE compute adapters (dskbench.adapters.moe) and the routing generator on CPU: inputs, references
-against naive loops, the integer checks, traffic against the catalogue's numbers, backend declarations."""
+"""MoE compute adapters (dskbench.adapters.moe) on CPU: inputs, references against naive loops, the integer
+checks, traffic against the catalogue's numbers, backend declarations (binders: test_adapters_moe_binds)."""
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import re
 
 import pytest
 import torch
 
 from dskbench.adapters import adapters, get_adapter
-from dskbench.adapters import moe as M
 from dskbench.adapters.backends import SM90_ONLY, SM100
 from dskbench.adapters.common import fp8
 from dskbench.adapters.common.routing import (
     active_experts,
     deepseek_routing,
     expert_counts,
-    grouped_topk,
-    routing_margin,
-    sorted_by_expert,
 )
+from dskbench.adapters.moe.align import align_max_padded, marlin_block_size_m, moe_align_reference
+from dskbench.adapters.moe.cutlass_prepare import prepare_reference
+from dskbench.adapters.moe.inputs import (
+    ExpertWeights,
+    interleave_w4a8_scales,
+    make_expert_weights,
+    pack_int4,
+    unpack_int4,
+    weight_bytes,
+)
+from dskbench.adapters.moe.reference import grouped_gemm_reference, moe_gemm_reference, quant_dequant_groups
+from dskbench.adapters.moe.trtllm import moe_layer_reference
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
@@ -45,7 +53,7 @@ PER_EXPERT_BF16 = 88_080_384  # catalogue §5: gate_up + down of one expert, BF1
 LAYER_FLOPS_PER_TOKEN = 704_643_072  # catalogue §5: both GEMMs of the routed experts, per token
 
 
-def _case(kernel: str, t: int = 1, variant: str | None = None, tp: int = 1) -> Case:
+def moe_case(kernel: str, t: int = 1, variant: str | None = None, tp: int = 1) -> Case:
     a = get_adapter(kernel)
     phase = "decode" if t <= 512 else "prefill"
     for c in SHAPES.cases(kernel, ["experts"], a.role, phase, profile="full", tp=[tp]):
@@ -54,108 +62,53 @@ def _case(kernel: str, t: int = 1, variant: str | None = None, tp: int = 1) -> C
     raise LookupError(f"no {kernel} case T={t} {variant}")
 
 
-# -- routing ---------------------------------------------------------------------------------------------
-
-
-def _naive_routing(logits, bias, k, n_group, topk_group):
-    ids_out, w_out = [], []
-    for row in logits.double().tolist():
-        s = [1.0 / (1.0 + math.exp(-x)) for x in row]
-        b = [si + bi for si, bi in zip(s, bias.double().tolist(), strict=True)]
-        per = len(b) // n_group
-        gs = [sum(sorted(b[g * per : (g + 1) * per], reverse=True)[:2]) for g in range(n_group)]
-        keep = sorted(range(n_group), key=lambda g: -gs[g])[:topk_group]
-        ids = sorted((e for g in keep for e in range(g * per, (g + 1) * per)), key=lambda e: -b[e])[:k]
-        tot = sum(s[e] for e in ids)
-        ids_out.append(ids)
-        w_out.append([s[e] / tot for e in ids])
-    return ids_out, w_out
-
-
-def test_grouped_topk_matches_naive_routing():
-    r = deepseek_routing(5, 32, 4, n_group=4, topk_group=2, seed=7)
-    ids, w = _naive_routing(r.logits, r.bias, 4, 4, 2)
-    for t in range(5):
-        got = dict(zip(r.topk_ids[t].tolist(), r.topk_weights[t].tolist(), strict=True))
-        want = dict(zip(ids[t], w[t], strict=True))
-        assert got.keys() == want.keys()
-        assert all(abs(got[e] - want[e]) < 1e-6 for e in want)
-    w2, ids2 = grouped_topk(r.logits, r.bias, 4, 4, 2, routed_scaling_factor=2.5)
-    assert torch.equal(ids2, r.topk_ids) and torch.allclose(w2, r.topk_weights * 2.5)
-
-
-def test_routing_is_deepseek_shaped_and_uneven():
-    r = deepseek_routing(4096, seed=0)
-    assert r.topk_ids.shape == (4096, 8) and r.topk_ids.dtype == torch.int32
-    assert r.topk_weights.dtype == torch.float32 and torch.allclose(r.topk_weights.sum(1), torch.ones(4096))
-    groups = (r.topk_ids // 32).long()
-    n_groups = torch.zeros(4096, 8, dtype=torch.long).scatter_(1, groups, 1).sum(1)
-    assert int(n_groups.max()) <= 4  # topk_group = 4 of n_group = 8
-    assert all(len(set(row)) == 8 for row in r.topk_ids.tolist())
-    counts = expert_counts(r.topk_ids, 256).float()
-    assert counts.max() > 2.5 * counts.mean()  # some experts are hot
-    assert torch.equal(r.bias, r.bias.to(torch.bfloat16).float())  # exact in bf16 for the trtllm kernels
-    again = deepseek_routing(4096, seed=0)
-    assert torch.equal(again.topk_ids, r.topk_ids)
-    assert not torch.equal(deepseek_routing(4096, seed=1).topk_ids, r.topk_ids)
-
-
-def test_active_experts_and_sorted_layout():
-    assert active_experts(1) == 8
-    assert 8 < active_experts(16) <= 128
-    assert active_experts(16384) >= 250
-    ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
-    order, offsets = sorted_by_expert(ids, 4)
-    assert order.tolist() == [0, 4, 1, 2, 3, 5] and offsets.tolist() == [0, 2, 4, 4, 6]
-
-
 # -- helpers ---------------------------------------------------------------------------------------------
 
 
 def test_int4_packing_roundtrip_and_nibble_order():
     q = torch.tensor([[1, -2, -8, 7]], dtype=torch.int8)
-    p = M.pack_int4(q)
+    p = pack_int4(q)
     assert p.tolist() == [[(-2 << 4) | 1, (7 << 4) | 8]]  # even index in the low nibble
-    assert torch.equal(M.unpack_int4(p), q)
+    assert torch.equal(unpack_int4(p), q)
     r = torch.randint(-8, 8, (5, 64), dtype=torch.int8)
-    assert torch.equal(M.unpack_int4(M.pack_int4(r)), r)
+    assert torch.equal(unpack_int4(pack_int4(r)), r)
 
 
 def test_w4a8_scale_interleave_matches_sglang_layout():
     s = torch.arange(2 * 3 * 8, dtype=torch.float32).view(2, 3, 8)  # [E, N, K/128] with K/128 = 8
-    il = M.interleave_w4a8_scales(s)
+    il = interleave_w4a8_scales(s)
     assert il.shape == (2, 2, 12)
     for e in range(2):
         for n in range(3):
             for g in range(8):
                 assert il[e, g // 4, n * 4 + g % 4] == s[e, n, g]
-    assert M.interleave_w4a8_scales(torch.zeros(1, 3, 2)).shape == (1, 2, 3)  # K/128 = 2: no interleave
+    assert interleave_w4a8_scales(torch.zeros(1, 3, 2)).shape == (1, 2, 3)  # K/128 = 2: no interleave
 
 
 def test_marlin_block_size_and_padding():
-    assert M.marlin_block_size_m(1, 8, 256) == 8
-    assert M.marlin_block_size_m(512, 8, 256) == 32  # 16 rows/expert: first bs with 16/bs < 0.9
-    assert M.marlin_block_size_m(16384, 8, 256) == 64
-    assert M.align_max_padded(8, 257, 16) == 8 * 16
-    assert M.align_max_padded(4096, 257, 32) == 4096 + 257 * 31
+    assert marlin_block_size_m(1, 8, 256) == 8
+    assert marlin_block_size_m(512, 8, 256) == 32  # 16 rows/expert: first bs with 16/bs < 0.9
+    assert marlin_block_size_m(16384, 8, 256) == 64
+    assert align_max_padded(8, 257, 16) == 8 * 16
+    assert align_max_padded(4096, 257, 32) == 4096 + 257 * 31
 
 
 # -- references against naive loops ----------------------------------------------------------------------
 
 
-def _tiny_weights(fmt: str, e: int = 3, n: int = 256, k: int = 256) -> M.ExpertWeights:
+def _tiny_weights(fmt: str, e: int = 3, n: int = 256, k: int = 256) -> ExpertWeights:
     gen = torch.Generator().manual_seed(3)
     if fmt == "bf16":
-        return M.ExpertWeights(fmt, torch.randn(e, n, k, generator=gen).to(torch.bfloat16))
+        return ExpertWeights(fmt, torch.randn(e, n, k, generator=gen).to(torch.bfloat16))
     if fmt == "fp8_block":
         w, s = fp8.block_quant(torch.randn(e, n, k, generator=gen))
-        return M.ExpertWeights(fmt, w, s)
+        return ExpertWeights(fmt, w, s)
     q = torch.randint(-8, 8, (e, n, k), generator=gen, dtype=torch.int8)
     s = (torch.rand(e, n, k // 128, generator=gen) + 0.5).to(torch.bfloat16)
-    return M.ExpertWeights(fmt, M.pack_int4(q), s)
+    return ExpertWeights(fmt, pack_int4(q), s)
 
 
-def _naive_weight(w: M.ExpertWeights, e: int) -> torch.Tensor:
+def _naive_weight(w: ExpertWeights, e: int) -> torch.Tensor:
     if w.fmt == "bf16":
         return w.w[e].double()
     if w.fmt == "fp8_block":
@@ -166,7 +119,7 @@ def _naive_weight(w: M.ExpertWeights, e: int) -> torch.Tensor:
                     w.scale[e, i // 128, j0 // 128]
                 )
         return full
-    q = M.unpack_int4(w.w[e]).double()
+    q = unpack_int4(w.w[e]).double()
     return q * w.scale[e].double().repeat_interleave(128, dim=1)
 
 
@@ -176,9 +129,9 @@ def test_moe_gemm_reference_against_loops(fmt):
     ids = torch.tensor([[0, 2], [2, 1], [0, 1]], dtype=torch.int32)
     tw = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]])
     a = torch.randn(3, 256, generator=torch.Generator().manual_seed(1))
-    up = M.moe_gemm_reference(a, w, ids, None, gate_up=True)
+    up = moe_gemm_reference(a, w, ids, None, gate_up=True)
     a2 = torch.randn(6, 256, generator=torch.Generator().manual_seed(2))
-    down = M.moe_gemm_reference(a2, w, ids, tw, gate_up=False)
+    down = moe_gemm_reference(a2, w, ids, tw, gate_up=False)
     assert up.shape == (6, 256) and down.shape == (3, 2, 256)
     for t in range(3):
         for j in range(2):
@@ -192,7 +145,7 @@ def test_moe_gemm_reference_against_loops(fmt):
 def test_grouped_gemm_reference_uses_expert_row_ranges():
     w = _tiny_weights("fp8_block")
     a = torch.randn(5, 256, generator=torch.Generator().manual_seed(4))
-    out = M.grouped_gemm_reference(a, torch.tensor([0, 2, 2, 5]), w)
+    out = grouped_gemm_reference(a, torch.tensor([0, 2, 2, 5]), w)
     for r, e in enumerate([0, 0, 2, 2, 2]):
         assert torch.allclose(out[r].double(), a[r].double() @ _naive_weight(w, e).t(), rtol=1e-4, atol=1e-3)
 
@@ -200,11 +153,11 @@ def test_grouped_gemm_reference_uses_expert_row_ranges():
 def test_moe_layer_reference_against_loop():
     e, h, inter = 8, 128, 128
     gen = torch.Generator().manual_seed(5)
-    w13 = M.ExpertWeights("bf16", torch.randn(e, 2 * inter, h, generator=gen).to(torch.bfloat16) * 0.1)
-    w2 = M.ExpertWeights("bf16", torch.randn(e, h, inter, generator=gen).to(torch.bfloat16) * 0.1)
+    w13 = ExpertWeights("bf16", torch.randn(e, 2 * inter, h, generator=gen).to(torch.bfloat16) * 0.1)
+    w2 = ExpertWeights("bf16", torch.randn(e, h, inter, generator=gen).to(torch.bfloat16) * 0.1)
     r = deepseek_routing(3, e, 2, n_group=4, topk_group=2, seed=2)
     x = torch.randn(3, h, generator=gen)
-    out = M.moe_layer_reference(x, w13, w2, r.logits, r.bias, (2, 4, 2, 2.5))
+    out = moe_layer_reference(x, w13, w2, r.logits, r.bias, (2, 4, 2, 2.5))
     for t in range(3):
         want = torch.zeros(h, dtype=torch.float64)
         for j in range(2):
@@ -220,7 +173,7 @@ def test_moe_layer_reference_against_loop():
 
 def test_moe_align_reference_by_hand():
     ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
-    sorted_ids, expert_ids, n_post = M.moe_align_reference(ids, 4, 2)
+    sorted_ids, expert_ids, n_post = moe_align_reference(ids, 4, 2)
     assert n_post.tolist() == [6]
     assert expert_ids.tolist() == [0, 1, 3]
     assert sorted_ids.tolist() == [0, 4, 1, 2, 3, 5] + [6] * 5  # numel 6 + (4+1)*(2-1) slots
@@ -228,12 +181,12 @@ def test_moe_align_reference_by_hand():
 
 def test_moe_align_check_accepts_any_order_in_a_segment_and_rejects_errors():
     a = get_adapter("moe_align_block_size")
-    c = _case("moe_align_block_size", t=64)
+    c = moe_case("moe_align_block_size", t=64)
     x = a.make_inputs(c, "cpu", 0)
     assert x["topk_ids"].shape == (64, 8) and x["topk_ids"].dtype == torch.int32
     ref = a.reference(x, c)
     bs = a.block_size(c)
-    assert bs == 8 and ref[0].numel() == M.align_max_padded(512, 257, 8)
+    assert bs == 8 and ref[0].numel() == align_max_padded(512, 257, 8)
     s, eids, post = (t.clone() for t in ref)
     s[:bs] = s[:bs].flip(0)  # a block belongs to one expert: any order inside it is valid
     out_eids = torch.cat([eids, torch.full((7,), -7, dtype=torch.int32)])  # garbage beyond the used blocks
@@ -250,16 +203,16 @@ def test_moe_align_check_accepts_any_order_in_a_segment_and_rejects_errors():
 
 def test_prepare_moe_input_reference_and_check():
     ids = torch.tensor([[0, 1], [1, 3], [0, 3]], dtype=torch.int32)
-    off, ps1, ps2, in_perm, out_perm, flat = M.prepare_reference(ids, 4, n=2048, k=7168)
+    off, ps1, ps2, in_perm, out_perm, flat = prepare_reference(ids, 4, n=2048, k=7168)
     assert off.tolist() == [0, 2, 4, 4, 6]
     assert ps1.tolist() == [[2, 4096, 7168], [2, 4096, 7168], [0, 4096, 7168], [2, 4096, 7168]]
     assert ps2[3].tolist() == [2, 7168, 2048]
     assert in_perm.tolist() == [0, 2, 0, 1, 1, 2] and out_perm.tolist() == [0, 2, 3, 4, 1, 5]
-    sw = M.prepare_reference(ids, 4, n=2048, k=7168, swapped=True)
+    sw = prepare_reference(ids, 4, n=2048, k=7168, swapped=True)
     assert sw[1][0].tolist() == [4096, 2, 7168] and sw[2][0].tolist() == [7168, 2, 2048]
 
     a = get_adapter("prepare_moe_input")
-    c = _case("prepare_moe_input", t=16)
+    c = moe_case("prepare_moe_input", t=16)
     x = a.make_inputs(c, "cpu", 1)
     ref = a.reference(x, c)
     # a kernel may order rows inside an expert differently: swap two rows of one expert consistently
@@ -278,7 +231,7 @@ def test_prepare_moe_input_reference_and_check():
 
 def test_get_cutlass_w4a8_data_problem_sizes_are_n_m_k():
     a = get_adapter("get_cutlass_w4a8_moe_mm_data")
-    c = _case("get_cutlass_w4a8_moe_mm_data", t=16)
+    c = moe_case("get_cutlass_w4a8_moe_mm_data", t=16)
     x = a.make_inputs(c, "cpu", 0)
     off, ps1, ps2 = a.reference(x, c)
     counts = expert_counts(x["topk_ids"], 256)
@@ -290,7 +243,7 @@ def test_get_cutlass_w4a8_data_problem_sizes_are_n_m_k():
 
 def test_shuffle_rows_and_combine_references():
     a = get_adapter("shuffle_rows")
-    c = _case("shuffle_rows", t=16)
+    c = moe_case("shuffle_rows", t=16)
     x = a.make_inputs(c, "cpu", 0)
     assert x["x"].dtype == torch.float8_e4m3fn and x["x"].shape == (16, 7168)
     assert x["dst2src_map"].shape == (128,) and x["dst2src_map"].dtype == torch.int32
@@ -301,7 +254,7 @@ def test_shuffle_rows_and_combine_references():
     assert not a.check(broken.view(torch.float8_e4m3fn), ref, c).ok
 
     b = get_adapter("apply_shuffle_mul_sum")
-    cb = _case("apply_shuffle_mul_sum", t=16)
+    cb = moe_case("apply_shuffle_mul_sum", t=16)
     y = b.make_inputs(cb, "cpu", 0)
     assert y["c2"].shape == (128, 7168) and y["factors"].dtype == torch.bfloat16
     out = b.reference(y, cb)
@@ -314,7 +267,7 @@ def test_shuffle_rows_and_combine_references():
 
 def test_moe_sum_reduce_reference():
     a = get_adapter("moe_sum_reduce")
-    c = _case("moe_sum_reduce", t=16)
+    c = moe_case("moe_sum_reduce", t=16)
     x = a.make_inputs(c, "cpu", 0)
     assert x["x"].shape == (16, 8, 7168) and x["x"].dtype == torch.bfloat16
     ref = a.reference(x, c)
@@ -381,7 +334,7 @@ def _snapshot(v: torch.Tensor) -> torch.Tensor:
 def test_inputs_reference_and_self_check(kernel):
     """A GEMM returns one tensor; a fused layer also the tokens clear of routing ties."""
     a = get_adapter(kernel)
-    c = _case(kernel, 1, VARIANT.get(kernel))
+    c = moe_case(kernel, 1, VARIANT.get(kernel))
     x = a.make_inputs(c, "cpu", 0)
     for name, (shape, dtype) in EXPECTED_INPUTS.get(kernel, {}).items():
         assert tuple(x[name].shape) == shape and x[name].dtype == dtype, name
@@ -395,18 +348,10 @@ def test_inputs_reference_and_self_check(kernel):
     assert not a.check((ref + ref.std()).to(torch.bfloat16), pack(ref), c).ok
 
 
-def test_routing_margin_by_hand():
-    logits = torch.zeros(1, 4)  # every score 0.5: the bias decides
-    far = routing_margin(logits, torch.tensor([0.1, 0.0, 0.05, 0.3]), 1, 2, 1)
-    assert far.item() == pytest.approx(0.25)  # group gap 1.35 - 1.1, expert gap 0.8 - 0.55
-    near = routing_margin(logits, torch.tensor([0.1, 0.0, 0.29, 0.3]), 1, 2, 1)
-    assert near.item() == pytest.approx(0.01, abs=1e-6)
-
-
 @pytest.mark.parametrize("kernel", LAYER_KERNELS)
 def test_fused_layer_check_skips_only_near_tie_tokens(kernel):
     a = get_adapter(kernel)
-    c = _case(kernel, 16, tp=8)
+    c = moe_case(kernel, 16, tp=8)
     out, clear = a.reference(a.make_inputs(c, "cpu", 2), c)
     assert clear.shape == (16,) and clear.dtype == torch.bool
     tied = clear.clone()
@@ -419,7 +364,7 @@ def test_fused_layer_check_skips_only_near_tie_tokens(kernel):
 
 def test_fused_moe_down_variant_and_fp8_reference_quantises_activations():
     a = get_adapter("fused_moe_kernel")
-    c = _case("fused_moe_kernel", 1, "down.fp8")
+    c = moe_case("fused_moe_kernel", 1, "down.fp8")
     x = a.make_inputs(c, "cpu", 0)
     assert (
         x["a"].shape == (8, 2048)
@@ -428,16 +373,16 @@ def test_fused_moe_down_variant_and_fp8_reference_quantises_activations():
     )
     ref = a.reference(x, c)
     assert ref.shape == (1, 8, 7168)
-    w = M.ExpertWeights("fp8_block", x["w"], x["w_scale"])
+    w = ExpertWeights("fp8_block", x["w"], x["w_scale"])
     e = int(x["topk_ids"][0, 3])
-    deq = M._quant_dequant_groups(x["a"])
+    deq = quant_dequant_groups(x["a"])
     want = float(x["topk_weights"][0, 3]) * (deq[3] @ w.dequant(e, {}).t())
     assert torch.allclose(ref[0, 3], want, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(deq, x["a"].float())  # the FP8 input quantisation is really applied
 
 
 def test_cpu_weights_share_one_slab():
-    w = M.make_expert_weights(256, 512, 256, "fp8_block", "cpu", torch.Generator().manual_seed(0))
+    w = make_expert_weights(256, 512, 256, "fp8_block", "cpu", torch.Generator().manual_seed(0))
     assert w.w.stride(0) == 0 and w.scale.stride(0) == 0 and w.key(0) == w.key(255)
     deq = w.dequant(7, {})
     assert 0.5 / 16 < float(deq.std()) < 2.0 / 16  # std ~ 1/sqrt(K)
@@ -459,28 +404,29 @@ def test_applies_filters_weight_formats():
 def test_traffic_matches_catalogue():
     fused = get_adapter("fused_moe_kernel")
     up, down = (
-        fused.traffic(_case("fused_moe_kernel", 1, "gate_up.bf16")),
-        fused.traffic(_case("fused_moe_kernel", 1, "down.bf16")),
+        fused.traffic(moe_case("fused_moe_kernel", 1, "gate_up.bf16")),
+        fused.traffic(moe_case("fused_moe_kernel", 1, "down.bf16")),
     )
     assert up.flops + down.flops == LAYER_FLOPS_PER_TOKEN
     act = 7168 * 2 + 8 * 4096 * 2 + 8 * 4  # A in, C out, topk ids
     assert up.bytes == 8 * 4096 * 7168 * 2 + act
     assert up.bytes + down.bytes > 8 * PER_EXPERT_BF16
-    fp8_per_expert = M.weight_bytes(4096, 7168, "fp8_block") + M.weight_bytes(7168, 2048, "fp8_block")
+    fp8_per_expert = weight_bytes(4096, 7168, "fp8_block") + weight_bytes(7168, 2048, "fp8_block")
     assert fp8_per_expert == 44_040_192 + 4 * (32 * 56 + 56 * 16)
-    assert M.weight_bytes(4096, 7168, "w4a8") == 4096 * 7168 // 2 + 4096 * 56 * 2
-    layer = get_adapter("trtllm_bf16_moe").traffic(_case("trtllm_bf16_moe", 16))
+    assert weight_bytes(4096, 7168, "w4a8") == 4096 * 7168 // 2 + 4096 * 56 * 2
+    layer = get_adapter("trtllm_bf16_moe").traffic(moe_case("trtllm_bf16_moe", 16))
     assert layer.flops == 16 * LAYER_FLOPS_PER_TOKEN
     assert layer.bytes - active_experts(16) * PER_EXPERT_BF16 == 16 * 256 * 4 + 256 * 2 + 2 * 16 * 7168 * 2
-    assert get_adapter("moe_sum_reduce").traffic(_case("moe_sum_reduce", 16)).bytes == 129_024 * 16
+    assert get_adapter("moe_sum_reduce").traffic(moe_case("moe_sum_reduce", 16)).bytes == 129_024 * 16
     assert (
-        get_adapter("apply_shuffle_mul_sum").traffic(_case("apply_shuffle_mul_sum", 16)).bytes == 129_072 * 16
+        get_adapter("apply_shuffle_mul_sum").traffic(moe_case("apply_shuffle_mul_sum", 16)).bytes
+        == 129_072 * 16
     )
     g = get_adapter("fp8_blockwise_scaled_grouped_mm").traffic(
-        _case("fp8_blockwise_scaled_grouped_mm", 1, "gate_up.fp8")
+        moe_case("fp8_blockwise_scaled_grouped_mm", 1, "gate_up.fp8")
     )
     assert g.flops == 2 * 8 * 4096 * 7168
-    tp8 = fused.traffic(_case("fused_moe_kernel", 1, "down.bf16", tp=8))
+    tp8 = fused.traffic(moe_case("fused_moe_kernel", 1, "down.bf16", tp=8))
     assert tp8.flops == 2 * 8 * 7168 * 256  # I / tp
 
 
@@ -513,159 +459,6 @@ def test_moe_gemm_role_variants_in_shapes():
     assert up.dims == {"T": 16, "N": 4096, "K": 7168, "E": 256, "topk": 8, "weight": "bf16"}
 
 
-# -- bind plumbing, with CPU stand-ins that take the real kernels' arguments ------------------------------
-
-
-def _fake_align(ids, n_buckets, bs, sorted_ids, expert_ids, n_post, cumsum, pad, *ignore_invalid):
-    assert pad is True and n_buckets == 257 and cumsum.numel() == n_buckets + 1
-    s, e, p = M.moe_align_reference(ids, n_buckets - 1, bs)
-    sorted_ids.copy_(s)
-    expert_ids[: e.numel()] = e
-    n_post.copy_(p)
-    return len(ignore_invalid)
-
-
-def test_align_binds_pass_sglangs_arguments():
-    a = get_adapter("moe_align_block_size")
-    c = _case("moe_align_block_size", 16)
-    x = a.make_inputs(c, "cpu", 0)
-    seen = []
-    for b in a.backends:
-
-        def fake(*args, _seen=seen):
-            _seen.append(_fake_align(*args))
-
-        assert a.check(b.bind(fake, x, c)(), a.reference(x, c), c).ok
-    assert seen == [1, 0, 0]  # only the AOT op takes ignore_invalid_expert
-
-
-def test_bookkeeping_binds_with_cpu_standins():
-    p = get_adapter("prepare_moe_input")
-    c = _case("prepare_moe_input", 16)
-    x = p.make_inputs(c, "cpu", 0)
-
-    def prepare(ids, offsets, blockscale, ps1, ps2, in_perm, out_perm, e, n, k):
-        assert blockscale is None and (e, n, k) == (256, 2048, 7168)
-        for dst, src in zip(
-            (offsets, ps1, ps2, in_perm, out_perm), M.prepare_reference(ids, e, n, k), strict=False
-        ):
-            dst.copy_(src)
-
-    assert p.check(p.backends[0].bind(prepare, x, c)(), p.reference(x, c), c).ok
-
-    w = get_adapter("get_cutlass_w4a8_moe_mm_data")
-
-    def w4a8_data(ids, offsets, ps1, ps2, in_perm, out_perm, e, n, k):
-        for dst, src in zip(
-            (offsets, ps1, ps2), M.prepare_reference(ids, e, n, k, swapped=True), strict=False
-        ):
-            dst.copy_(src)
-
-    assert w.check(w.backends[0].bind(w4a8_data, x, c)(), w.reference(x, c), c).ok
-
-    s = get_adapter("shuffle_rows")
-    xs = s.make_inputs(c, "cpu", 0)
-    out = s.backends[0].bind(lambda inp, m, o: o.copy_(inp[m.long()]), xs, c)()
-    assert s.check(out, s.reference(xs, c), c).ok
-
-    m = get_adapter("apply_shuffle_mul_sum")
-    xm = m.make_inputs(c, "cpu", 0)
-
-    def shuffle_mul_sum(inp, o, perm, factors):
-        rows = inp.float()[perm.long()].view(o.shape[0], -1, o.shape[1])
-        o.copy_((rows * factors.float().unsqueeze(-1)).sum(1))
-
-    assert m.check(m.backends[0].bind(shuffle_mul_sum, xm, c)(), m.reference(xm, c), c).ok
-
-    r = get_adapter("moe_sum_reduce")
-    xr = r.make_inputs(c, "cpu", 0)
-    for b in r.backends:
-        out = b.bind(lambda inp, o, f: o.copy_(inp.float().sum(1) * f), xr, c)()
-        assert r.check(out, r.reference(xr, c), c).ok
-
-
-def _grouped_rows(offsets, sizes, n_col):
-    """Rows and M of each expert from offsets and (M, N, K) / (N, M, K) problem sizes."""
-    for e in range(sizes.shape[0]):
-        m = int(sizes[e, n_col])
-        if m:
-            yield e, int(offsets[e]), m
-
-
-def test_cutlass_fp8_grouped_binds_with_cpu_standin():
-    def grouped(out, a, b, sa, sb, stride_a, stride_b, stride_c, sizes, offsets):
-        assert b.shape[1] == a.shape[1] and sb.shape[1] == a.shape[1] // 128  # b is [E, K, N]
-        assert int(stride_a[0]) == a.shape[1] and int(stride_c[0]) == out.shape[1]
-        for e, r0, m in _grouped_rows(offsets, sizes, 0):
-            assert tuple(sizes[e].tolist()) == (m, out.shape[1], a.shape[1])
-            wt = b[e].float() * sb[e].float().repeat_interleave(128, 0).repeat_interleave(128, 1)  # [K, N]
-            aa = a[r0 : r0 + m].float() * sa[r0 : r0 + m].repeat_interleave(128, 1)
-            out[r0 : r0 + m] = (aa @ wt).to(out.dtype)
-
-    for kernel, variant in (
-        ("fp8_blockwise_scaled_grouped_mm", "gate_up.fp8"),
-        ("es_fp8_blockwise_scaled_grouped_mm", "down.fp8"),
-    ):
-        g = get_adapter(kernel)
-        c = _case(kernel, 1, variant, tp=8)  # TP 8 keeps the CPU stand-in's per-expert dequantisation small
-        x = g.make_inputs(c, "cpu", 0)
-
-        def fake(*args, _es=kernel.startswith("es")):
-            if _es:
-                out, a, b, sa, sb, st_a, st_b, st_d, sizes, offsets, ws = args
-            else:
-                out, *ptrs, a, b, sa, sb, st_a, st_b, st_d, lay_a, lay_b, sizes, offsets, ws = args
-                assert len(ptrs) == 5 and lay_a.shape == (256, 5)
-            assert offsets.numel() == 256 and ws.numel() == M.CUTLASS_FP8_WORKSPACE_BYTES
-            assert b.stride(1) == 1  # [E, K, N] with K contiguous: the [E, N, K] weight, transposed
-            grouped(out, a, b, sa, sb, st_a, st_b, st_d, sizes, offsets)
-
-        out = g.backends[0].bind(fake, x, c)()
-        assert g.check(out, g.reference(x, c), c).ok, kernel
-
-
-@pytest.mark.parametrize("variant", ["gate_up.w4a8", "down.w4a8"])  # K/128 = 56 (interleaved by 4) and 2
-def test_w4a8_bind_with_cpu_standin(variant):
-    g = get_adapter("cutlass_w4a8_moe_mm")
-    c = _case("cutlass_w4a8_moe_mm", 1, variant, tp=8)
-    x = g.make_inputs(c, "cpu", 0)
-
-    def w4a8(d, a, b, a_scale, b_scale, offsets, sizes, a_str, b_str, d_str, s_str, chunk, topk):
-        e_n, n, k = b.shape[0], b.shape[1], a.shape[1]
-        assert (chunk, topk) == (128, 8) and a_str.shape == (e_n, 3) and int(d_str[0, 0]) == n
-        g4 = k // 128
-        al = 4 if g4 % 4 == 0 else 1
-        plain = b_scale.view(e_n, g4 // al, n, al).permute(0, 2, 1, 3).reshape(e_n, n, g4)  # undo interleave
-        for e, r0, m in _grouped_rows(offsets, sizes, 1):  # sizes are (N, M, K)
-            assert tuple(sizes[e].tolist()) == (n, m, k)
-            w = M.unpack_int4(b[e]).float() * plain[e].float().repeat_interleave(128, 1)
-            d[r0 : r0 + m] = ((a[r0 : r0 + m].float() * a_scale) @ w.t()).to(d.dtype)
-
-    assert g.check(g.backends[0].bind(w4a8, x, c)(), g.reference(x, c), c).ok
-
-
-def test_trtllm_fp8_bind_passes_transposed_activation_scales():
-    a = get_adapter("trtllm_fp8_block_scale_moe")
-    c = _case("trtllm_fp8_block_scale_moe", 1, tp=8)
-    x = a.make_inputs(c, "cpu", 0)
-    seen = {}
-
-    def fake(**kw):
-        seen.update(kw)
-        hs = fp8.dequant_per_token_group(kw["hidden_states"], kw["hidden_states_scale"].t(), 128)
-        w13 = M.ExpertWeights("fp8_block", kw["gemm1_weights"], kw["gemm1_weights_scale"])
-        w2 = M.ExpertWeights("fp8_block", kw["gemm2_weights"], kw["gemm2_weights_scale"])
-        routing = (kw["top_k"], kw["n_group"], kw["topk_group"], kw["routed_scaling_factor"])
-        out = M.moe_layer_reference(hs, w13, w2, kw["routing_logits"], kw["routing_bias"], routing, True)
-        kw["output"].copy_(out)
-
-    out = a.backends[0].bind(fake, x, c)()
-    assert a.check(out, a.reference(x, c), c).ok
-    assert seen["hidden_states_scale"].shape == (56, 1) and seen["routing_method_type"] == 2
-    assert seen["weight_layout"] == 0 and not seen["use_shuffled_weight"] and seen["local_num_experts"] == 256
-    assert seen["intermediate_size"] == 256 and seen["tune_max_num_tokens"] == 1
-
-
 def test_fp8_expert_gemms_compare_with_the_fp8_rate():
     for kernel, want in (
         ("fp8_blockwise_scaled_grouped_mm", {"fp8"}),
@@ -680,9 +473,27 @@ def test_fp8_expert_gemms_compare_with_the_fp8_rate():
         assert cases and {a.traffic_for(a.backends[0].name, c).compute for c in cases} == want, kernel
     fused = get_adapter("fused_moe_kernel")
     assert (
-        fused.traffic_for("sglang_triton", _case("fused_moe_kernel", variant="gate_up.fp8")).compute == "fp8"
+        fused.traffic_for("sglang_triton", moe_case("fused_moe_kernel", variant="gate_up.fp8")).compute
+        == "fp8"
     )
     assert (
-        fused.traffic_for("sglang_triton", _case("fused_moe_kernel", variant="gate_up.bf16")).compute
+        fused.traffic_for("sglang_triton", moe_case("fused_moe_kernel", variant="gate_up.bf16")).compute
         == "bf16"
     )
+
+
+def test_model_constants_come_from_the_case():
+    """A case alone decides an adapter's inputs: routing groups and routed_scaling_factor are its model's."""
+    c = moe_case("moe_sum_reduce", t=16)
+    a = get_adapter("moe_sum_reduce")
+    x = a.make_inputs(c, "cpu", 0)
+    other = dataclasses.replace(c, model={**c.model, "routed_scaling_factor": 1.0})
+    assert torch.allclose(a.reference(x, c), a.reference(x, other) * 2.5)
+    factors = []
+    a.backends[0].bind(lambda inp, out, f: factors.append(f), x, other)()
+    assert factors == [1.0]
+    p = get_adapter("prepare_moe_input")
+    flat = dataclasses.replace(c, model={**c.model, "n_group": 1, "topk_group": 1})  # no group restriction
+    ids, ids_flat = p.make_inputs(c, "cpu", 0)["topk_ids"], p.make_inputs(flat, "cpu", 0)["topk_ids"]
+    assert int(((ids // 32).long().sort(-1).values.diff(dim=-1) != 0).sum(-1).max()) <= 3  # <= 4 groups
+    assert not torch.equal(ids.sort(-1).values, ids_flat.sort(-1).values)

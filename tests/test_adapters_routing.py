@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -9,8 +10,12 @@ import pytest
 import torch
 
 from dskbench.adapters import adapters, get_adapter
-from dskbench.adapters import routing as R
-from dskbench.adapters.common.routing import deepseek_routing
+from dskbench.adapters.common.routing import (
+    deepseek_routing,
+    grouped_choice,
+    routing_margin,
+    select_experts,
+)
 from dskbench.shapes.cases import Case, default_shapes
 
 KERNELS = ("moe_fused_gate", "topk_softmax", "topk_sigmoid")
@@ -21,6 +26,12 @@ SHAPES = default_shapes()
 def _case(kernel: str, t: int, phase: str = "decode") -> Case:
     cases = SHAPES.cases(kernel, ["topk"], "topk", phase, profile="full")
     return next(c for c in cases if c.point["T"] == t)
+
+
+def _grouped_topk_f64(logits, bias, k, n_group, topk_group, scale=None):
+    """The float64 grouped top-k the moe_fused_gate reference computes."""
+    scores, _, masked = grouped_choice(logits, bias, n_group, topk_group, torch.float64)
+    return select_experts(scores, masked, k, scale=scale, sorted=True)
 
 
 def _naive_grouped_topk(logits, bias, k, n_group, topk_group, scale):
@@ -68,7 +79,7 @@ def test_inputs_and_reference_shapes(kernel, t):
 def test_moe_fused_gate_reference_matches_naive_loop():
     r = deepseek_routing(6, seed=3)
     logits, bias = r.logits, r.bias
-    w, ids = R.biased_grouped_topk_ref(logits, bias, 8, 8, 4, True, 2.5)
+    w, ids = _grouped_topk_f64(logits, bias, 8, 8, 4, 2.5)
     nw, nids = _naive_grouped_topk(logits, bias, 8, 8, 4, 2.5)
     for r in range(6):
         assert sorted(ids[r].tolist()) == sorted(nids[r].tolist())
@@ -85,7 +96,7 @@ def test_grouped_routing_hand_example():
     lg[0, 0] = 3.0  # group 0: one strong expert, weak partner
     lg[0, [4, 5]] = torch.tensor([2.0, 1.5])  # group 1
     lg[0, [12, 13]] = torch.tensor([2.5, 2.4])  # group 3
-    w, ids = R.biased_grouped_topk_ref(lg, torch.zeros(16), 3, 4, 2)
+    w, ids = _grouped_topk_f64(lg, torch.zeros(16), 3, 4, 2)
     assert ids.tolist() == [[12, 13, 4]]
     s = torch.sigmoid(torch.tensor([2.5, 2.4, 2.0], dtype=torch.float64))
     assert torch.allclose(w.double(), (s / s.sum()).unsqueeze(0), rtol=1e-6)
@@ -116,6 +127,7 @@ def test_inputs_route_unevenly():
         "decode",
         {"T": 4096},
         {"T": 4096, "E": 256, "K": 8, "n_group": 8, "topk_group": 4},
+        model=SHAPES.config,  # routed_scaling_factor
     )
     _, ids, _ = a.reference(a.make_inputs(c, "cpu", 0), c)
     cnt = torch.bincount(ids.flatten().long(), minlength=256).float()
@@ -133,6 +145,7 @@ def _gate_ref(t=32, seed=0):
         "decode",
         {"T": t},
         {"T": t, "E": 256, "K": 8, "n_group": 8, "topk_group": 4},
+        model=SHAPES.config,  # routed_scaling_factor
     )
     x = a.make_inputs(c, "cpu", seed)
     return a, c, x, a.reference(x, c)
@@ -285,3 +298,27 @@ def test_gate_binders_call_each_signature():
         ("triton", 8, "sigmoid", 8, 4, 2.5),
         ("aot", 8, 4, 8, 2.5, True),
     ]
+
+
+def test_gate_scale_comes_from_the_case_model():
+    a = get_adapter("moe_fused_gate")
+    c = _case("moe_fused_gate", 16)
+    x = a.make_inputs(c, "cpu", 0)
+    w, ids, _ = a.reference(x, c)
+    unscaled = dataclasses.replace(c, model={**c.model, "routed_scaling_factor": 1.0})
+    w1, ids1, _ = a.reference(x, unscaled)
+    assert torch.equal(ids, ids1) and torch.allclose(w, w1 * 2.5)
+    seen = []
+    be = {b.name: b for b in a.backends}
+    be["sglang_triton"].bind(lambda *args, **kw: seen.append(kw["routed_scaling_factor"]), x, unscaled)()
+    assert seen == [1.0]
+
+
+def test_gate_reference_is_the_moe_routing_in_float64():
+    """The routing adapters and the MoE adapters route with one implementation (common.routing)."""
+    r = deepseek_routing(512, seed=4)
+    w, ids = _grouped_topk_f64(r.logits, r.bias, 8, 8, 4)
+    clear = routing_margin(r.logits, r.bias, 8, 8, 4) > 1e-5  # fp32 and float64 may split near-ties
+    assert int(clear.sum()) > 500
+    assert torch.equal(ids[clear].sort(-1).values, r.topk_ids[clear].sort(-1).values)
+    assert torch.allclose(w[clear].sort(-1).values, r.topk_weights[clear].sort(-1).values, rtol=1e-5)

@@ -6,6 +6,8 @@ the way SGLang's ``biased_grouped_topk_impl`` does for DeepSeek: ``s = sigmoid(l
 ``s + e_score_correction_bias``; keep the ``topk_group`` best of ``n_group`` groups (a group scores the
 sum of its top-2); take the top ``K`` experts of those groups; weights are ``s`` (without the bias) of
 the chosen experts, renormalised to sum 1 (``routed_scaling_factor`` is applied later, by the combine).
+This is dskbench's one implementation of that routing: the routing adapters' float64 references
+(``grouped_choice`` + ``select_experts``) and the fused-MoE references (``grouped_topk``) call it too.
 
 Loads are uneven on purpose: each expert has a fixed "popularity" added to its logits (and a small
 random correction bias), so some experts receive several times the mean load, as in a real model.
@@ -47,6 +49,57 @@ class Routing:
         )
 
 
+def group_scores(choice: torch.Tensor, n_group: int) -> torch.Tensor:
+    """A group's score is the sum of its two best choice scores: [T, E] -> [T, n_group]."""
+    return choice.view(choice.shape[0], n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
+
+
+def grouped_choice(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    n_group: int,
+    topk_group: int,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek's grouped routing up to the expert choice, computed in `dtype`.
+
+    Returns (sigmoid scores, biased choice scores, the choice scores with the experts of every group but
+    the `topk_group` best at -inf). The fused kernels work in fp32; the routing adapters' references use
+    float64 so that a kernel's rounding, not the reference's, decides near-ties.
+    """
+    t, e = logits.shape
+    if e % n_group:
+        raise ValueError(f"{e} experts do not split into {n_group} groups")
+    scores = logits.to(dtype).sigmoid()
+    choice = scores + bias.to(dtype).unsqueeze(0)
+    groups = group_scores(choice, n_group)  # [T, n_group]
+    group_idx = groups.topk(topk_group, dim=-1, sorted=False).indices
+    group_mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, group_idx, True)
+    expert_mask = group_mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
+    return scores, choice, choice.masked_fill(~expert_mask, float("-inf"))
+
+
+def select_experts(
+    scores: torch.Tensor,
+    choice: torch.Tensor,
+    top_k: int,
+    renormalize: bool = True,
+    scale: float | None = None,
+    sorted: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids = the top-k of `choice`; weights = `scores` at ids, optionally renormalised, then times `scale`.
+
+    -> (weights fp32 [T, K], ids int32 [T, K]); `sorted` orders each row's ids by falling choice score.
+    """
+    ids = choice.topk(top_k, dim=-1, sorted=sorted).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if scale is not None:
+        weights = weights * scale
+    return weights.float(), ids.to(torch.int32)
+
+
 def grouped_topk(
     logits: torch.Tensor,
     bias: torch.Tensor,
@@ -61,23 +114,8 @@ def grouped_topk(
     Also the reference of the fused routing kernels (trtllm MoE with ``RoutingMethodType.DeepSeekV3``,
     where ``routed_scaling_factor`` multiplies the renormalised weights).
     """
-    t, e = logits.shape
-    if e % n_group:
-        raise ValueError(f"{e} experts do not split into {n_group} groups")
-    scores = logits.float().sigmoid()
-    choice = scores + bias.float().unsqueeze(0)
-    group_scores = choice.view(t, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]
-    group_idx = group_scores.topk(topk_group, dim=-1, sorted=False).indices
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
-    score_mask = group_mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
-    masked = choice.masked_fill(score_mask == 0, float("-inf"))
-    ids = masked.topk(top_k, dim=-1, sorted=False).indices
-    weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    if routed_scaling_factor is not None:
-        weights = weights * routed_scaling_factor
-    return weights.float(), ids.to(torch.int32)
+    scores, _, masked = grouped_choice(logits, bias, n_group, topk_group)
+    return select_experts(scores, masked, top_k, renormalize, routed_scaling_factor)
 
 
 def deepseek_routing(
@@ -145,13 +183,13 @@ def routing_margin(
     """
     t, e = logits.shape
     choice = logits.float().sigmoid() + bias.float().unsqueeze(0)
-    group_scores = choice.view(t, n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
-    gs = group_scores.sort(dim=-1, descending=True).values
+    groups = group_scores(choice, n_group)
+    gs = groups.sort(dim=-1, descending=True).values
     group_gap = (
         gs[:, topk_group - 1] - gs[:, topk_group] if topk_group < n_group else torch.full_like(gs[:, 0], 1.0)
     )
-    keep = group_scores.topk(topk_group, dim=-1).indices
-    mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0)
+    keep = groups.topk(topk_group, dim=-1).indices
+    mask = torch.zeros_like(groups).scatter_(1, keep, 1.0)
     mask = mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
     ranked = choice.masked_fill(mask == 0, float("-inf")).sort(dim=-1, descending=True).values
     expert_gap = ranked[:, top_k - 1] - ranked[:, top_k]

@@ -1,0 +1,1 @@
+"""MoE routing (top-k gating) kernels."""
