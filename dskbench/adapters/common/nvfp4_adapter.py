@@ -7,6 +7,8 @@ Marlin, activations staying BF16. Those Hopper backends sit on the same adapters
 ``label="Hopper path: ..."`` and ``extra["numerics"] = "w4a16"``, and their launchers return
 ``Tagged(out, "w4a16")`` so that ``check`` compares them with the W4A16 reference (unquantised
 activations) instead of the W4A4 one.
+
+The sm100 backends have not been run on a Blackwell GPU yet: their binders follow the libraries' sources.
 """
 
 from __future__ import annotations
