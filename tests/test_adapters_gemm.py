@@ -1,4 +1,4 @@
-"""Dense GEMM adapters (dskbench.adapters.gemm) on CPU: inputs, references, checks, traffic, backends."""
+"""Dense GEMM adapters (dskbench.adapters.gemm.*) on CPU: inputs, references, checks, traffic, backends."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dskbench.adapters import adapters, get_adapter
-from dskbench.adapters import gemm as G
+from dskbench.adapters.gemm import dsv3, fp8_blockwise, linear, qserve
 from dskbench.shapes.cases import Case, default_shapes
 
 KERNELS = (
@@ -140,15 +140,16 @@ def test_blockwise_binders_give_kernel_layouts():
     def fake(*args, **kw):
         seen["args"], seen["kw"] = args, kw
 
-    G._bind_cutlass_blockwise(fake, x, c)()
+    fp8_blockwise._bind_cutlass_blockwise(fake, x, c)()
     mat_a, mat_b, sa, sb, out_dtype = seen["args"]
     assert mat_b.shape == (384, 256) and mat_b.stride(0) == 1
     assert sa.shape == (6, 3) and sa.stride(0) == 1 and torch.equal(sa, x["a_scale"])
     assert sb.shape == (3, 2) and sb.stride(0) == 1 and out_dtype == torch.bfloat16
-    G._bind_deep_gemm(fake, x, c)()
+    fp8_blockwise._bind_deep_gemm(fake, x, c)()
     (_, sa_tma), (w, sw), out = seen["args"]
     assert sa_tma.stride() == (1, 8) and w.shape == (256, 384) and out.shape == (6, 256)
-    G._bind_fi_blockscale_sm90(fake, x, c)()  # sglang's call: BF16 activations, no activation scales
+    # sglang's call: BF16 activations, no activation scales
+    fp8_blockwise._bind_fi_blockscale_sm90(fake, x, c)()
     (inp, w, in_scale, w_scale), kw = seen["args"], seen["kw"]
     assert inp.dtype == torch.bfloat16 and inp is x["x"] and in_scale is None and w_scale is x["w_scale"]
     assert kw["out"].shape == (6, 256) and kw["out_dtype"] == torch.bfloat16
@@ -237,8 +238,8 @@ def test_router_binder_follows_signature():
     def retired_aot(hidden_states, router_weights, out_dtype=torch.bfloat16):
         calls.append((out_dtype, False))
 
-    G._bind_router_jit(jit, x, c)()
-    G._bind_router_jit(retired_aot, x, c)()
+    dsv3._bind_router_jit(jit, x, c)()
+    dsv3._bind_router_jit(retired_aot, x, c)()
     assert calls == [(torch.float32, True), (torch.float32, False)]
 
 
@@ -303,9 +304,9 @@ def test_router_and_fused_a_reference_hand():
 def test_qserve_pack_roundtrip_and_layout():
     g = torch.Generator().manual_seed(0)
     q8 = torch.randint(0, 16, (64, 96), generator=g, dtype=torch.int8)
-    p = G.qserve_pack_w4(q8)
+    p = qserve.qserve_pack_w4(q8)
     assert p.shape == (64, 48) and p.dtype == torch.int8
-    assert torch.equal(G.qserve_unpack_w4(p), q8)
+    assert torch.equal(qserve.qserve_unpack_w4(p), q8)
     b, q = p.view(torch.uint8).int().flatten(), q8.int()
     # Memory is [N/32][K/32][512-byte tile]; in a tile the byte order is (row%8, k/4%4, k/16, row/8%2, k%4)
     # and a byte holds rows r (low nibble) and r+16 (high nibble) at the same k.
@@ -318,22 +319,22 @@ def test_qserve_pack_roundtrip_and_layout():
     assert b[512] == q[0, 32] + 16 * q[16, 32]  # next K tile
     assert b[512 * 3] == q[32, 0] + 16 * q[48, 0]  # next N tile (K/32 = 3 tiles per row of tiles)
     with pytest.raises(ValueError):
-        G.qserve_pack_w4(torch.zeros(48, 64, dtype=torch.int8))
+        qserve.qserve_pack_w4(torch.zeros(48, 64, dtype=torch.int8))
 
 
 def test_qserve_group_param_interleave():
     t = torch.arange(64 * 2, dtype=torch.int16).view(64, 2).to(torch.int8)  # [N, groups]
-    p = G.qserve_pack_group_param(t)
+    p = qserve.qserve_pack_group_param(t)
     assert p.shape == (2, 64)
     assert p[0, :5].tolist() == [t[0, 0], t[8, 0], t[16, 0], t[24, 0], t[1, 0]]  # 0, 8, 16, 24, 1, ...
-    assert torch.equal(G.qserve_unpack_group_param(p), t)
+    assert torch.equal(qserve.qserve_unpack_group_param(p), t)
 
 
 def test_qserve_references_match_logical_formulas():
     chn, grp = get_adapter("qserve_w4a8_per_chn_gemm"), get_adapter("qserve_w4a8_per_group_gemm")
     c = _tiny("qserve_w4a8_per_chn_gemm", 3, 64, 256)
     x = chn.make_inputs(c, "cpu", 0)
-    q = G.qserve_unpack_w4(x["kernel"]).double()
+    q = qserve.qserve_unpack_w4(x["kernel"]).double()
     assert q.min() >= 0 and q.max() <= 15
     s, zs = x["wscales"].double(), x["w_szs"].double()
     a, asc = x["in_feats"].double(), x["ascales"].double()
@@ -347,9 +348,9 @@ def test_qserve_references_match_logical_formulas():
 
     x = grp.make_inputs(c, "cpu", 0)
     assert x["zeros"].shape == x["scales_i8"].shape == (2, 64) and x["wscales"].dtype == torch.float16
-    q = G.qserve_unpack_w4(x["kernel"]).double()
-    s = G.qserve_unpack_group_param(x["scales_i8"]).double()
-    z = -G.qserve_unpack_group_param(x["zeros"]).double() / s
+    q = qserve.qserve_unpack_w4(x["kernel"]).double()
+    s = qserve.qserve_unpack_group_param(x["scales_i8"]).double()
+    z = -qserve.qserve_unpack_group_param(x["zeros"]).double() / s
     w = (q.view(64, 2, 128) - z[..., None]) * s[..., None]
     assert w.abs().max() <= 127
     want = (
@@ -396,8 +397,8 @@ def test_catalogue_gemm_table_from_shapes():
                 key = f"{c.op}:{c.variant}" if c.variant else c.op
                 k, n, fmt, wbytes, flops = TABLE[key]
                 assert (c.dims["K"], c.dims["N"], c.dims["weight"]) == (k, n, fmt)
-                assert G.weight_bytes(k, n, fmt) == wbytes
-                assert G.gemm_flops(1, n, k) == flops
+                assert linear.weight_bytes(k, n, fmt) == wbytes
+                assert linear.gemm_flops(1, n, k) == flops
                 seen.add(key)
     assert seen == set(TABLE)
 

@@ -14,9 +14,14 @@ import pytest
 import torch
 
 from dskbench.adapters import adapters, get_adapter
-from dskbench.adapters import nvfp4 as A
 from dskbench.adapters.backends import DeviceInfo
+from dskbench.adapters.common import marlin
 from dskbench.adapters.common import nvfp4 as fp4
+from dskbench.adapters.common.nvfp4_adapter import Refs, Tagged
+from dskbench.adapters.common.routing import grouped_topk
+from dskbench.adapters.gemm import nvfp4_gemm
+from dskbench.adapters.moe import nvfp4_common, nvfp4_experts_quant, nvfp4_group_mm, nvfp4_trtllm
+from dskbench.adapters.quant import nvfp4_quant
 from dskbench.shapes.cases import Case, default_shapes
 
 KERNELS = (
@@ -43,9 +48,12 @@ RUNS_ON_SM90 = {
 }
 
 
+MODEL = dict(default_shapes().config)  # the model symbols a planned case carries (n_group, ...)
+
+
 def small_moe_case(kernel: str, t: int = 5) -> Case:
     dims = {"T": t, "H": 128, "I": 64, "E": 16, "K": 8, "weight": "nvfp4"}
-    return Case(kernel, "experts", "decode", {"T": t}, dims)
+    return Case(kernel, "experts", "decode", {"T": t}, dims, model=MODEL)
 
 
 def small_gemm_case(kernel: str, m: int = 3, n: int = 128, k: int = 64) -> Case:
@@ -60,10 +68,25 @@ def cpu_cases(kernel: str, op: str, phase: str = "decode") -> list[Case]:
 # -- registration, targets, gating ------------------------------------------------------------------
 
 
+# each kernel lives in its family's folder: GEMMs, quantisers, MoE
+MODULES = {
+    "cutlass_scaled_fp4_mm": "gemm.nvfp4_gemm",
+    "mm_fp4": "gemm.nvfp4_gemm",
+    "nvfp4_block_scale_interleave": "gemm.nvfp4_scale_interleave",
+    "scaled_fp4_quant": "quant.nvfp4_quant",
+    "fp4_quantize": "quant.nvfp4_quant",
+    "mxfp4_quantize": "quant.nvfp4_quant",
+    "scaled_fp4_experts_quant": "moe.nvfp4_experts_quant",
+    "cutlass_fp4_group_mm": "moe.nvfp4_group_mm",
+    "trtllm_fp4_block_scale_moe": "moe.nvfp4_trtllm",
+}
+
+
 def test_every_kernel_has_its_adapter() -> None:
     reg = adapters()
+    assert set(MODULES) == set(KERNELS)
     for k in KERNELS:
-        assert k in reg and reg[k].__module__ == "dskbench.adapters.nvfp4"
+        assert k in reg and reg[k].__module__ == f"dskbench.adapters.{MODULES[k]}"
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -171,7 +194,7 @@ def test_deepseek_routing_matches_a_brute_force_selection() -> None:
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(4, 256, generator=g)
     bias = (0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
-    ids, w = A.deepseek_routing(logits, bias, 8, 8, 4)
+    w, ids = grouped_topk(logits, bias, 8, 8, 4)
     for t in range(4):
         s = torch.sigmoid(logits[t]) + bias.float()
         group_score = [sorted(s[g * 32 : (g + 1) * 32].tolist())[-2:] for g in range(8)]
@@ -183,9 +206,22 @@ def test_deepseek_routing_matches_a_brute_force_selection() -> None:
         assert torch.allclose(w[t], sig / sig.sum())
 
 
+def test_moe_inputs_route_with_the_shared_grouped_topk_and_the_cases_model() -> None:
+    a = get_adapter("trtllm_fp4_block_scale_moe")
+    case = small_moe_case(a.kernel, t=7)
+    x = a.make_inputs(case, "cpu", 3)
+    w, ids = grouped_topk(x["routing_logits"], x["routing_bias"], 8, MODEL["n_group"], MODEL["topk_group"])
+    assert torch.equal(x["topk_ids"], ids) and torch.equal(x["topk_weights"], w)
+    # the routing constants are the case's model symbols, not the shapes file's
+    model = {**MODEL, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 1.5}
+    y = a.make_inputs(Case(a.kernel, "experts", "decode", {"T": 7}, case.dims, model=model), "cpu", 3)
+    assert (y["n_group"], y["topk_group"], y["routed_scaling_factor"]) == (4, 2, 1.5)
+    assert torch.equal(y["topk_ids"], grouped_topk(y["routing_logits"], y["routing_bias"], 8, 4, 2)[1])
+
+
 def test_routing_loads_are_uneven() -> None:
     x = get_adapter("scaled_fp4_experts_quant").make_inputs(
-        Case("scaled_fp4_experts_quant", "experts", "prefill", {"T": 512}, {"T": 512, "H": 64, "I": 64, "E": 256, "K": 8}),
+        Case("scaled_fp4_experts_quant", "experts", "prefill", {"T": 512}, {"T": 512, "H": 64, "I": 64, "E": 256, "K": 8}, model=MODEL),
         "cpu",
         0,
     )  # fmt: skip
@@ -221,15 +257,15 @@ def test_check_uses_the_backends_numerics() -> None:
     ref = a.reference(x, case)
     w4a4, w4a16 = ref.get("w4a4").bfloat16(), ref.get("w4a16").bfloat16()
     assert a.check(w4a4, ref, case).ok
-    assert a.check(A.Tagged(w4a16, "w4a16"), ref, case).ok
+    assert a.check(Tagged(w4a16, "w4a16"), ref, case).ok
     assert not a.check(w4a16, ref, case).ok  # a Marlin result is not a W4A4 result
-    assert not a.check(A.Tagged(w4a4, "w4a16"), ref, case).ok
+    assert not a.check(Tagged(w4a4, "w4a16"), ref, case).ok
     assert a.check(a.reference_backend().bind(None, x, case)(), ref, case).ok  # torch-ref
 
 
 def test_refs_compute_only_what_is_asked() -> None:
     calls: list[str] = []
-    r = A.Refs("a", {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2})
+    r = Refs("a", {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2})
     assert calls == ["a"]
     assert r.get("b") == 2 and r.get("b") == 2 and calls == ["a", "b"]
 
@@ -269,8 +305,9 @@ def test_moe_check_tolerances() -> None:
     x = a.make_inputs(case, "cpu", 10)
     ref = a.reference(x, case)
     assert a.check(ref.get("w4a4").bfloat16(), ref, case).ok
-    assert a.check(A.Tagged(ref.get("w4a16").bfloat16(), "w4a16"), ref, case).ok
-    swapped = A.moe_refs({**x, "w13": A._swap_halves(x["w13"]), "w13_sf": A._swap_halves(x["w13_sf"])})
+    assert a.check(Tagged(ref.get("w4a16").bfloat16(), "w4a16"), ref, case).ok
+    swap = nvfp4_group_mm._swap_halves
+    swapped = nvfp4_common.moe_refs({**x, "w13": swap(x["w13"]), "w13_sf": swap(x["w13_sf"])})
     assert not a.check(swapped.get("w4a4").bfloat16(), ref, case).ok  # gate/up order matters
 
 
@@ -343,7 +380,7 @@ def test_experts_quant_decodes_both_layouts() -> None:
     ref = a.reference(x, case)
     packed, sf = ref.get("w4a4")
     masked = _flashinfer_masked_layout(packed, sf, x["expert_counts"], 128)
-    assert a.check(A.Tagged(masked, layout="masked"), ref, case).ok
+    assert a.check(Tagged(masked, layout="masked"), ref, case).ok
     # the old AOT layout: expert e's swizzled scales start at row blockscale_offsets[e]
     total = int(x["blockscale_offsets"][-1])
     aot_sf = torch.zeros(total, 8, dtype=torch.uint8)
@@ -353,8 +390,8 @@ def test_experts_quant_decodes_both_layouts() -> None:
             blk = fp4.swizzle_scales(sf[lo:hi].view(torch.uint8))
             b0 = int(x["blockscale_offsets"][e])
             aot_sf[b0 : b0 + blk.shape[0]] = blk
-    assert a.check(A.Tagged((packed, aot_sf.view(torch.float8_e4m3fn)), layout="aot"), ref, case).ok
-    assert not a.check(A.Tagged((packed, torch.roll(aot_sf, 1, 0)), layout="aot"), ref, case).ok
+    assert a.check(Tagged((packed, aot_sf.view(torch.float8_e4m3fn)), layout="aot"), ref, case).ok
+    assert not a.check(Tagged((packed, torch.roll(aot_sf, 1, 0)), layout="aot"), ref, case).ok
 
 
 # -- traffic ---------------------------------------------------------------------------------------
@@ -377,14 +414,14 @@ def test_moe_traffic_at_decode() -> None:
     a = get_adapter("cutlass_fp4_group_mm")
     case = cpu_cases(a.kernel, "experts")[0]  # T = 1: exactly 8 experts
     tr = a.traffic(case)
-    assert A.expert_weight_bytes(7168, 2048) == 24_772_608  # catalogue section 5
+    assert nvfp4_common.expert_weight_bytes(7168, 2048) == 24_772_608  # catalogue section 5
     assert tr.flops == 704_643_072  # catalogue: 704,643,072 T
     assert tr.bytes == 8 * 24_772_608 + 4 * 7168 + 8 * 8 and tr.compute == "fp4"
     hopper = a.traffic_for("sglang_jit.marlin_moe", case)
     assert hopper.bytes == tr.bytes and hopper.compute == "bf16"
     t = get_adapter("trtllm_fp4_block_scale_moe").traffic(case)
     assert t.bytes == 8 * 24_772_608 + fp4.nvfp4_bytes(7168) + 4 * 256 + 2 * 256 + 2 * 7168
-    assert math.isclose(A.expected_active_experts(10**6, 256, 8), 256)
+    assert math.isclose(nvfp4_common.expected_active_experts(10**6, 256, 8), 256)
 
 
 def test_quant_traffic() -> None:
@@ -415,7 +452,7 @@ def test_mm_fp4_bind_matches_flashinfer_checks() -> None:
     case = small_gemm_case(a.kernel, m=3, n=256, k=128)
     x = a.make_inputs(case, "cpu", 15)
     fn = Recorder()
-    A._bind_mm_fp4("cutlass")(fn, x, case)()
+    nvfp4_gemm._bind_mm_fp4("cutlass")(fn, x, case)()
     (a_, b, a_sf, b_sf, alpha, dtype, out), kw = fn.calls[0]
     # flashinfer gemm_base._check_mm_fp4_problem_size + the cutlass backend's layout
     assert a_.ndim == b.ndim == 2 and a_.shape[1] == b.shape[0] == 64
@@ -434,14 +471,14 @@ def test_aot_and_quant_binds() -> None:
     case = small_gemm_case(a.kernel)
     x = a.make_inputs(case, "cpu", 16)
     fn = Recorder()
-    A._bind_aot_fp4_mm(fn, x, case)()
+    nvfp4_gemm._bind_aot_fp4_mm(fn, x, case)()
     (a_, b, a_sf, b_sf, alpha, dtype), _ = fn.calls[0]
     assert b.shape == (128, 32) and a_sf.shape == (128, 4) and a_sf.dtype == torch.float8_e4m3fn
     q = get_adapter("fp4_quantize")
     qc = Case(q.kernel, "o_proj", "decode", {"T": 2}, {"T": 2, "K": 64})
     qx = q.make_inputs(qc, "cpu", 0)
     fn = Recorder()
-    A._bind_fi_fp4_quantize("cute-dsl")(fn, qx, qc)()
+    nvfp4_quant._bind_fi_fp4_quantize("cute-dsl")(fn, qx, qc)()
     (inp, gs, vec, ue8m0, swizzled), kw = fn.calls[0]
     assert inp.dtype == torch.bfloat16 and gs.dtype == torch.float32 and gs.shape == (1,)
     assert (vec, ue8m0, swizzled, kw) == (16, False, True, {"backend": "cute-dsl"})
@@ -452,7 +489,7 @@ def test_grouped_quant_bind_builds_the_masked_layout() -> None:
     case = small_moe_case(a.kernel, t=12)
     x = a.make_inputs(case, "cpu", 17)
     fn = Recorder()
-    A._bind_fi_grouped_quant(fn, x, case)()
+    nvfp4_experts_quant._bind_fi_grouped_quant(fn, x, case)()
     (masked, mask, gs), _ = fn.calls[0]
     counts = x["expert_counts"]
     assert masked.shape == (16, int(counts.max()), 128) and masked.dtype == torch.bfloat16
@@ -495,7 +532,7 @@ def fake_gpu_libs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     }  # fmt: skip
     for name, attrs in mods.items():
         monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
-    monkeypatch.setattr(A, "_sms", lambda device: 132)
+    monkeypatch.setattr(marlin, "sms", lambda device: 132)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     return {n: types.SimpleNamespace(**m) for n, m in mods.items()}
 
@@ -505,8 +542,8 @@ def test_marlin_gemm_bind(fake_gpu_libs: dict[str, Any]) -> None:
     case = small_gemm_case(a.kernel, m=4, n=128, k=256)
     x = a.make_inputs(case, "cpu", 18)
     fn = Recorder(torch.zeros(4, 128, dtype=torch.bfloat16))
-    out = A._bind_marlin_gemm(fn, x, case)()
-    assert isinstance(out, A.Tagged) and out.numerics == "w4a16"
+    out = nvfp4_gemm._bind_marlin_gemm(fn, x, case)()
+    assert isinstance(out, Tagged) and out.numerics == "w4a16"
     _, kw = fn.calls[0]
     assert kw["a"] is x["x"] and kw["c"] is None
     assert kw["b_q_weight"].shape == (256 // 16, 128 * 2) and kw["b_q_weight"].dtype == torch.int32
@@ -524,8 +561,8 @@ def test_marlin_moe_bind_follows_fused_marlin_moe(fake_gpu_libs: dict[str, Any])
     case = small_moe_case(a.kernel, t=6)
     x = a.make_inputs(case, "cpu", 19)
     fn = Recorder(lambda *args, **kw: args[1])
-    out = A._bind_marlin_moe(fn, x, case)()
-    assert isinstance(out, A.Tagged) and out.numerics == "w4a16" and out.value.shape == (6, 128)
+    out = nvfp4_group_mm._bind_marlin_moe(fn, x, case)()
+    assert isinstance(out, Tagged) and out.numerics == "w4a16" and out.value.shape == (6, 128)
     (g1, g1kw), (g2, g2kw) = fn.calls
     # fused_marlin_moe's asserts: H == w1.shape[1] * 16, H == w2.shape[2] // 2, N = w2.shape[1] * 16
     assert g1[2].shape == (16, 128 // 16, 2 * 64 * 2) and g2[2].shape == (16, 64 // 16, 128 * 2)
@@ -546,7 +583,7 @@ def test_cutlass_fused_moe_bind_matches_flashinfer_checks(fake_gpu_libs: dict[st
     case = small_moe_case(a.kernel)
     x = a.make_inputs(case, "cpu", 20)
     fn = Recorder([torch.zeros(5, 128, dtype=torch.bfloat16)])
-    A._bind_cutlass_fused_moe(fn, x, case)()
+    nvfp4_group_mm._bind_cutlass_fused_moe(fn, x, case)()
     _, kw = fn.calls[0]
     assert is_(kw["fc1_expert_weights"], torch.long, (16, 128, 128 // 16))
     assert kw["fc2_expert_weights"].shape == (16, 128, 64 // 16)
@@ -567,7 +604,7 @@ def test_trtllm_bind_matches_launcher_checks(fake_gpu_libs: dict[str, Any]) -> N
     case = small_moe_case(a.kernel)
     x = a.make_inputs(case, "cpu", 21)
     fn = Recorder([torch.zeros(5, 128, dtype=torch.bfloat16)])
-    A._bind_trtllm_fp4_moe(fn, x, case)()
+    nvfp4_trtllm._bind_trtllm_fp4_moe(fn, x, case)()
     _, kw = fn.calls[0]
     assert kw["routing_logits"].dtype == torch.float32 and kw["routing_logits"].shape == (5, 16)
     assert kw["routing_bias"].dtype == torch.bfloat16 and kw["routing_bias"].shape == (16,)
@@ -585,18 +622,19 @@ def test_trtllm_bind_matches_launcher_checks(fake_gpu_libs: dict[str, Any]) -> N
 
 def test_marlin_helpers_by_hand() -> None:
     s = torch.arange(128, dtype=torch.float32).reshape(2, 64)
-    p = A.marlin_permute_scales(s, size_k=32, size_n=64, group_size=16)
+    p = marlin.marlin_permute_scales(s, size_k=32, size_n=64, group_size=16)
     assert p[0, :9].tolist() == [0, 8, 16, 24, 32, 40, 48, 56, 1]
-    single = A.marlin_permute_scales(s[:1], size_k=16, size_n=64, group_size=16)
+    single = marlin.marlin_permute_scales(s[:1], size_k=16, size_n=64, group_size=16)
     assert single[0, :8].tolist() == [0, 1, 8, 9, 16, 17, 24, 25]
     # columns are taken in groups of four as [0, 2, 1, 3]; then half(v) * 2^7, << 1, high byte:
     # 1.0 -> 0x5800 -> 0xB0; 2.0 -> 0x5C00 -> 0xB8; 448 -> 0x7B00 -> 0xF6; 0.5 -> 0x5400 -> 0xA8
     scales = torch.tensor([[1.0, 448.0, 2.0, 0.5]], dtype=torch.bfloat16)
-    out = A.nvfp4_marlin_process_scales(scales)
+    out = marlin.nvfp4_marlin_process_scales(scales)
     assert out.dtype == torch.float8_e4m3fn and out.view(torch.uint8).tolist() == [[0xB0, 0xB8, 0xF6, 0xA8]]
-    g = A.nvfp4_marlin_process_global_scale(torch.tensor(3.5e-5).bfloat16())
+    g = marlin.nvfp4_marlin_process_global_scale(torch.tensor(3.5e-5).bfloat16())
     assert g.shape == (1,) and float(g) == float(torch.tensor(3.5e-5).bfloat16()) * 2.0**119
-    assert not A.should_use_atomic_add_reduce(1, 7168, 16384, 90, torch.bfloat16)  # n >= 2048
-    assert A.should_use_atomic_add_reduce(1, 512, 7168, 90, torch.bfloat16)  # shared gate_up at tp 8
-    assert not A.should_use_atomic_add_reduce(1, 512, 7168, 80, torch.bfloat16)
-    assert [A._marlin_block_size(m, 8, 256) for m in (1, 64, 256, 1024, 4096)] == [8, 8, 16, 48, 64]
+    assert not marlin.should_use_atomic_add_reduce(1, 7168, 16384, 90, torch.bfloat16)  # n >= 2048
+    assert marlin.should_use_atomic_add_reduce(1, 512, 7168, 90, torch.bfloat16)  # shared gate_up at tp 8
+    assert not marlin.should_use_atomic_add_reduce(1, 512, 7168, 80, torch.bfloat16)
+    block = nvfp4_group_mm._marlin_block_size
+    assert [block(m, 8, 256) for m in (1, 64, 256, 1024, 4096)] == [8, 8, 16, 48, 64]

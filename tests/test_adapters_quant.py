@@ -1,4 +1,4 @@
-"""Quantisation adapters (dskbench.adapters.quant) on CPU: the kernels' scale formula and rounding,
+"""Quantisation adapters (dskbench.adapters.quant.*) on CPU: the kernels' scale formula and rounding,
 scale layouts, the code-level check, traffic, and binders against the library signatures."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters import quant as Q
 from dskbench.adapters.backends import KINDS
 from dskbench.adapters.common.inputs import FP8, SGLANG_SM90
+from dskbench.adapters.quant import fp8_quantize, per_token_group, rounding
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
@@ -53,18 +53,18 @@ def test_inputs_are_bf16_activations_with_outlier_channels(kernel):
 
 def test_fp8_reference_rounds_to_nearest_e4m3_with_scale_amax_over_448():
     x = torch.tensor([[448.0, 1.0, -3.3, 1e-4]])
-    q, s = Q.quantize_ref(x, 4, FP8)
+    q, s = rounding.quantize_ref(x, 4, FP8)
     assert s.tolist() == [[1.0]] and q.dtype == FP8
     assert q.float().tolist() == [[448.0, 1.0, -3.25, 0.0]]  # 3.3 -> 3.25 (3 mantissa bits), 1e-4 underflows
     x2 = torch.tensor([[2.0, -1.0, 0.5, 0.25]])
-    q2, s2 = Q.quantize_ref(x2, 4, FP8)
+    q2, s2 = rounding.quantize_ref(x2, 4, FP8)
     assert torch.allclose(s2, torch.tensor([[2.0 / 448]]))
     assert q2.float().tolist() == [[448.0, -224.0, 112.0, 56.0]]
 
 
 def test_int8_reference_truncates_toward_zero():
     x = torch.tensor([[2.0, 0.99, -0.99, 0.01]])
-    q, s = Q.quantize_ref(x, 4, torch.int8)
+    q, s = rounding.quantize_ref(x, 4, torch.int8)
     assert torch.allclose(s, torch.tensor([[2.0 / 127]]))
     assert q.tolist() == [[127, 62, -62, 0]]  # 0.99 * 63.5 = 62.87 -> 62 (rounding would give 63)
 
@@ -80,7 +80,7 @@ def test_group_references_are_within_one_rounding_of_the_input():
         x = inp["x"].float()
         diff = (q.float() * scale - x).abs()
         if q.dtype == FP8:  # round to nearest: at most half an e4m3 step of x / scale
-            bound = 0.5 * Q._fp8_step(x / scale) * scale
+            bound = 0.5 * rounding.fp8_step(x / scale) * scale
         else:  # truncation: less than one quantum, always toward zero
             bound = scale
             assert bool(((q.float() * scale).abs() <= x.abs() + 1e-6).all())
@@ -110,7 +110,7 @@ def test_check_accepts_rare_one_step_differences():
     assert a.check((q, s), (q, s), case).ok
     q2 = q.float()
     v = q2[0, 0].item()
-    q2[0, 0] = v + Q._fp8_step(torch.tensor(abs(v))).item() * (1 if v >= 0 else -1)  # one code up
+    q2[0, 0] = v + rounding.fp8_step(torch.tensor(abs(v))).item() * (1 if v >= 0 else -1)  # one code up
     assert a.check((q2.to(FP8), s), (q, s), case).ok
 
 
@@ -147,7 +147,7 @@ def test_check_rejects_wrong_codes_and_scales():
 
 
 def _write(x, output_q, output_s, group_size, lo, hi):
-    q, s = Q.quantize_ref(x, group_size, output_q.dtype)
+    q, s = rounding.quantize_ref(x, group_size, output_q.dtype)
     assert (lo, hi) == ((-448.0, 448.0) if output_q.dtype == FP8 else (-128.0, 127.0))
     output_q.copy_(q)
     output_s.copy_(s)
@@ -171,7 +171,9 @@ def triton_fp8(x, group_size, eps=1e-10, dtype=FP8, column_major_scales=False, s
                scale_ue8m0=False):  # fmt: skip
     m, k = x.shape
     q = torch.empty((m, k), dtype=dtype)
-    s = Q._scales_buffer(m, k, group_size, "col_tma" if column_major_scales else "row", x.device)
+    s = per_token_group._scales_buffer(
+        m, k, group_size, "col_tma" if column_major_scales else "row", x.device
+    )
     assert column_major_scales == scale_tma_aligned
     _write(x, q, s, group_size, -448.0, 448.0)
     return q, s
@@ -210,7 +212,7 @@ def test_per_token_binder():
     inp = a.make_inputs(case, "cpu", 4)
 
     def aot(input, output_q, output_s):  # torch.ops.sgl_kernel.sgl_per_token_quant_fp8.default
-        q, s = Q.quantize_ref(input, input.shape[1], FP8)
+        q, s = rounding.quantize_ref(input, input.shape[1], FP8)
         output_q.copy_(q)
         output_s.copy_(s)
 
@@ -252,12 +254,12 @@ def test_fp8_quantize_inputs_are_the_mla_prefill_tensors():
 
 def test_fp8_quantize_reference_saturates_and_rounds_to_nearest_even():
     x = torch.tensor([[1.0, -3.3, 500.0, -1000.0, 0.0, 1e-4, 3.375, 3.625]], dtype=torch.bfloat16)
-    q = Q.cast_fp8_ref(x)
+    q = fp8_quantize.cast_fp8_ref(x)
     assert q.dtype == FP8
     # bf16(3.3) = 3.296875 -> 3.25; 500 and -1000 saturate to +-448 (never NaN);
     # 3.375 and 3.625 are ties between 3.25/3.5 and 3.5/3.75: both go to the even code, 3.5
     assert q.float().tolist() == [[1.0, -3.25, 448.0, -448.0, 0.0, 0.0, 3.5, 3.5]]
-    assert Q.cast_fp8_ref(x, 0.5).float()[0, :2].tolist() == [0.5, -1.625]
+    assert fp8_quantize.cast_fp8_ref(x, 0.5).float()[0, :2].tolist() == [0.5, -1.625]
 
 
 def test_fp8_quantize_check_is_exact():

@@ -1,0 +1,107 @@
+"""What the 8-bit activation quantisers share: the kernels' scale formula and rounding, their inputs, and
+the code-level check.
+
+Rounding, read from the kernels: scale = max(amax, eps) / qmax; q = x * (qmax / amax) clamped, then cast —
+round-to-nearest-even with saturation for e4m3, truncation toward zero for int8 (a C++/Triton
+float->int8 cast). The check compares scales to that formula and codes to the emulated cast, allowing a
+one-step difference on a few elements (scale reciprocal computed by multiply vs divide).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dskbench.adapters.base import Adapter, Check, rel_error
+from dskbench.adapters.common.inputs import FP8, FP8_MAX, randn
+from dskbench.shapes.cases import Case
+
+DTYPE = torch.bfloat16
+EPS = 1e-10  # SGLang's default eps for the group quantisers
+DEQUANT_TOL = 5e-3  # dequantised output vs the reference's, beyond what allowed one-step codes explain
+GROUP = 128  # DeepSeek's block size
+INT8_MIN, INT8_MAX = -128.0, 127.0
+# Fraction of codes allowed exactly one step off the emulated cast. Kernels round x * (qmax / amax)
+# or x / (amax / qmax), in fp32 or with a reciprocal approximation: a tie can land on either neighbour.
+# sgl_kernel v1, sglang_jit v1 and the Triton kernel differ from the emulation on a few codes per
+# thousand, never by more than one step (results/h200x2-2026-11-21/README.md).
+MAX_MISMATCH = 1e-2
+
+
+def own_op(adapter: Adapter, case: Case) -> bool:
+    """The registry gives every quantiser name the whole "input quantization" op group (same K values);
+    each name is measured at its own op only, so the four names do not repeat each other's cases."""
+    return case.op in adapter.ops
+
+
+def dims(case: Case) -> tuple[int, int]:
+    return int(case.dims["T"]), int(case.dims["K"])
+
+
+def activations(m: int, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """Activations with a few outlier channels, so group scales differ (LLM activations do)."""
+    gain = torch.where(torch.rand(k, generator=gen) < 0.01, 20.0, 1.0).to(device)
+    return (randn((m, k), gen, device, torch.float32) * gain).to(DTYPE)
+
+
+def quantize_ref(
+    x: torch.Tensor, group: int, out_dtype: torch.dtype, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scales [M, K/group] fp32) with the kernels' formula and rounding."""
+    m, k = x.shape
+    xg = x.float().view(m, k // group, group)
+    amax = xg.abs().amax(-1).clamp_min(eps)
+    qmax = FP8_MAX if out_dtype == FP8 else INT8_MAX
+    qmin = -FP8_MAX if out_dtype == FP8 else INT8_MIN
+    scales = amax / qmax
+    y = (xg * (qmax / amax)[..., None]).clamp(qmin, qmax)
+    q = y.to(FP8) if out_dtype == FP8 else y.trunc().to(torch.int8)
+    return q.view(m, k), scales
+
+
+def fp8_step(v: torch.Tensor) -> torch.Tensor:
+    """Spacing of e4m3 codes at |v| (3 mantissa bits; subnormal spacing 2^-9)."""
+    e = torch.floor(torch.log2(v.abs().clamp_min(2.0**-6)))
+    return torch.exp2(e - 3)
+
+
+def check_quant(out: Any, ref: Any, case: Case) -> Check:
+    q, s = out[0], out[1]
+    q_ref, s_ref = ref[0], ref[1]
+    if tuple(q.shape) != tuple(q_ref.shape) or tuple(s.shape) != tuple(s_ref.shape):
+        return Check(False, float("inf"), 0.0, f"shapes q{tuple(q.shape)} s{tuple(s.shape)}")
+    if q.dtype != q_ref.dtype:
+        return Check(False, float("inf"), 0.0, f"q dtype {q.dtype}, expected {q_ref.dtype}")
+    # on the output's device: on the CPU this check of a [8192, 16384] output takes a large share of a
+    # GPU sweep's time; the GPU does it in milliseconds
+    dev = q.device
+    s64, sr64 = s.detach().double(), s_ref.detach().to(dev).double()
+    scale_err = float(((s64 - sr64).abs() / sr64).max())
+    qf, qr = q.detach().float(), q_ref.detach().to(dev).float()
+    diff = (qf - qr).abs()
+    step = fp8_step(torch.maximum(qf.abs(), qr.abs())) if q.dtype == FP8 else torch.ones_like(qr)
+    mismatch = float((diff > 0).float().mean())
+    beyond_one_step = int((diff > step * 1.001).sum())
+    group = qf.shape[1] // sr64.shape[1]
+    scale = sr64.float().repeat_interleave(group, dim=1)
+    deq = qf * s64.float().repeat_interleave(group, dim=1)
+    deq_ref = qr * scale
+    err = rel_error(deq, deq_ref)
+    # The dequantised error the allowed codes explain (those one step off), on top of 5e-3: on a short
+    # row (T=1, K=1536) a few one-step codes alone can exceed 5e-3
+    explained = rel_error(qr * scale + (qf - qr) * (diff <= step * 1.001) * scale, deq_ref)
+    tol = DEQUANT_TOL + explained
+    ok = scale_err <= 1e-5 and mismatch <= MAX_MISMATCH and beyond_one_step == 0 and err <= tol
+    detail = (
+        f"scales:{scale_err:.1e} codes off:{mismatch:.1e} (>1 step: {beyond_one_step}) "
+        f"dequant:{err:.1e} (one-step codes explain {explained:.1e})"
+    )
+    if not ok:
+        failed = [
+            f"scale error {scale_err:.1e} > 1e-5" if scale_err > 1e-5 else "",
+            f"{mismatch:.1e} of the codes off > {MAX_MISMATCH:g}" if mismatch > MAX_MISMATCH else "",
+            f"{beyond_one_step} codes more than one step off" if beyond_one_step else "",
+        ]
+        detail = "; ".join(f for f in failed if f) + (" — " if any(failed) else "") + detail
+    return Check(ok, err, tol, detail)
