@@ -9,19 +9,18 @@ from pathlib import Path
 import pytest
 
 from dskbench import paths
-from dskbench.registry.load import (
-    MANIFEST,
-    STATUSES,
-    RegistryError,
+from dskbench.registry.command import cli_generate
+from dskbench.registry.generate import (
     check_registry,
-    cli_generate,
     default_trace_files,
     drift_message,
     generate,
-    load_registry,
     render,
     write_registry,
 )
+from dskbench.registry.load import load_registry
+from dskbench.registry.manifest import MANIFEST
+from dskbench.registry.model import STATUSES, RegistryError
 from dskbench.shapes.cases import load_shapes
 from dskbench.shapes.exprs import ExprError, evaluate, simplify
 
