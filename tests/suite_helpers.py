@@ -15,7 +15,7 @@ SHAPES = REPO / "dskbench" / "data" / "shapes" / "deepseek_r1_nvfp4.yaml"
 
 
 def write_registry(root: Path, entries: dict[str, str]) -> None:
-    """A registry/ folder in the format dskbench.registry.load writes (only the fields it reads)."""
+    """A registry/ folder as dskbench.registry.load reads it (only the fields it reads)."""
     reg = root / "registry"
     reg.mkdir(parents=True, exist_ok=True)
     for name, status in entries.items():
