@@ -91,7 +91,7 @@ def test_the_wheel_carries_the_shapes_files_and_the_registry(installed, tmp_path
     shipped = sorted(p.name for p in (data / "registry").glob("*.yaml"))
     assert shipped == sorted(p.name for p in paths.REGISTRY_DIR.glob("*.yaml")) and len(shipped) > 50
     assert (data / "registry" / ".manifest").is_file()
-    probe = "import dskbench, dskbench.paths as p; print(dskbench.__file__); print(p.REGISTRY_DIR); print(p.RESULTS_DIR)"
+    probe = "import dskbench, dskbench.paths as p\nfor x in (dskbench.__file__, p.REGISTRY_DIR, p.RESULTS_DIR): print(x)"
     r = _run([str(python), "-c", probe], tmp_path, env)
     assert r.returncode == 0, r.stderr
     where, registry, results = r.stdout.splitlines()
@@ -128,7 +128,7 @@ def test_generate_in_an_installed_package_asks_for_traces(installed, tmp_path):
 
 
 def _paths_in(env: dict[str, str], cwd: Path) -> dict[str, str]:
-    code = "import json, dskbench.paths as p; print(json.dumps({k: str(v) for k, v in vars(p).items() if k.isupper()}))"
+    code = "import json, dskbench.paths as p\nprint(json.dumps({k: str(v) for k, v in vars(p).items() if k.isupper()}))"
     r = _run([sys.executable, "-c", code], cwd, {**env, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)

@@ -1,6 +1,7 @@
 """The deployment model `dskbench pick` reads: rows of ops in execution order, their candidate paths, the
-server flags that select them, and the layer mix of a step. The data is dskbench/data/shapes/deployment.yaml; this module
-only parses and checks it (every flag value must be one sglang 0.5.16 accepts).
+server flags that select them, and the layer mix of a step. The data is
+dskbench/data/shapes/deployment.yaml; this module only parses and checks it (every flag value must be one
+sglang 0.5.16 accepts).
 """
 
 from __future__ import annotations
