@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument(
-        "--kv-len", type=int, default=None, help="attention context (default: shapes/deployment.yaml)"
+        "--kv-len",
+        type=int,
+        default=None,
+        help="attention context (default: dskbench/data/shapes/deployment.yaml)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("results/insitu-layer.json"))

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPES = REPO / "shapes" / "deepseek_r1_nvfp4.yaml"
+SHAPES = REPO / "dskbench" / "data" / "shapes" / "deepseek_r1_nvfp4.yaml"
 
 
 def write_registry(root: Path, entries: dict[str, str]) -> None:
-    """A kernels_registry/ in the format dskbench.registry.load writes (only the fields it reads)."""
-    reg = root / "kernels_registry"
+    """A registry/ folder as dskbench.registry.load reads it (only the fields it reads)."""
+    reg = root / "registry"
     reg.mkdir(parents=True, exist_ok=True)
     for name, status in entries.items():
         reason = "host function, no GPU kernel" if status != "benchmark" else "fake"
@@ -37,7 +37,7 @@ def make_fake_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DSKBENCH_CACHE_DIR", str(tmp_path / "cache"))
     from dskbench import paths
 
-    monkeypatch.setattr(paths, "REGISTRY_DIR", root / "kernels_registry")
+    monkeypatch.setattr(paths, "REGISTRY_DIR", root / "registry")
     monkeypatch.setattr(paths, "SHAPES_FILE", root / "shapes" / SHAPES.name)
     return root
 

@@ -9,19 +9,18 @@ from pathlib import Path
 import pytest
 
 from dskbench import paths
-from dskbench.registry.load import (
-    MANIFEST,
-    STATUSES,
-    RegistryError,
+from dskbench.registry.command import cli_generate
+from dskbench.registry.generate import (
     check_registry,
-    cli_generate,
     default_trace_files,
     drift_message,
     generate,
-    load_registry,
     render,
     write_registry,
 )
+from dskbench.registry.load import load_registry
+from dskbench.registry.manifest import MANIFEST
+from dskbench.registry.model import STATUSES, RegistryError
 from dskbench.shapes.cases import load_shapes
 from dskbench.shapes.exprs import ExprError, evaluate, simplify
 
@@ -249,6 +248,39 @@ def test_load_registry_entries():
     assert reg["fast_topk_v2"].op_names == ()
 
 
+def test_entries_are_typed_records_of_their_file():
+    e = load_registry()["rmsnorm"]
+    op = e.ops[0]
+    assert (op.name, op.executed, op.phases, op.layers, op.weight) == (
+        "input_layernorm",
+        True,
+        ("decode", "prefill"),
+        "all",
+        None,
+    )
+    assert tuple(o.name for o in e.ops if o.executed) == e.op_names
+    site = e.call_sites[0]
+    assert (site.site, site.kind, site.via, site.doc) == (
+        "layernorm.py:102",
+        "kernel",
+        None,
+        "deepseek_kernel_traces.md:20",
+    )
+    assert any(s.kind == "op" and s.via == "input_layernorm" for s in e.call_sites)
+    skipped = [o for o in load_registry()["int8_scaled_mm"].ops if not o.executed]
+    assert skipped and all(o.reason for o in skipped)
+
+
+def test_generate_with_no_trace_documents_refuses_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """An installed package has no traces/: generating from none would empty its registry."""
+    monkeypatch.setattr(paths, "TRACES_DIR", tmp_path / "no_traces")
+    out = tmp_path / "reg"
+    assert cli_generate(None, out, check=False) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dskbench: no trace documents in ") and "--traces" in err
+    assert not out.exists()
+
+
 # -- the partial evaluator (dskbench.shapes.exprs.simplify) -------------------------------------------------
 
 ENV = {"Nh": 128, "Dq": 192, "Dn": 128, "Dv": 128, "I": 2048, "K": 8, "Lq": 1536, "Lkv": 512, "Dr": 64}
@@ -440,6 +472,23 @@ def test_yaml_syntax_error_names_file_and_line(reg_copy, monkeypatch, capsys):
             ":42: models: expected a list of deepseek-r1, deepseek-v3.2, got ['deepseek-v4']",
         ),
         ("aliases: []", "aliases: []\nname: rmsnorm", ":5: key 'name' given twice (first at line 3)"),
+        ("  phases: [decode, prefill]", "  phases: decode", ":42: phases: expected a list of phases"),
+        ("  layers: all", "  layers: [all]", ":43: layers: expected all, dense or moe"),
+        (
+            "- {site: 'layernorm.py:102', kind: kernel, ",
+            "- {site: 'layernorm.py:102', kinds: kernel, ",
+            ":13: unknown key 'kinds' in a call site; did you mean 'kind'?",
+        ),
+        (
+            "- {site: 'layernorm.py:102', kind: kernel, ",
+            "- {site: 'layernorm.py:102', ",
+            ":13: call site with no kind",
+        ),
+        (
+            "- {site: 'layernorm.py:102', kind: kernel, ",
+            "- {site: 102, kind: kernel, ",
+            ":13: site: expected a string",
+        ),
     ],
 )
 def test_bad_fields_name_the_key_and_line(reg_copy, old, new, want):

@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 
 from dskbench import paths
-from dskbench.registry.traces import (
-    TraceError,
-    kernels_in_cell,
-    op_labels_in_cell,
-    parse_trace,
-    sites_in_cell,
-    split_top,
-)
+from dskbench.registry.trace_cells import kernels_in_cell, op_labels_in_cell, sites_in_cell, split_top
+from dskbench.registry.trace_model import TraceError
+from dskbench.registry.traces import parse_trace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 NEW = "deepseek_kernel_traces.md"

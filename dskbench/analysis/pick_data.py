@@ -1,6 +1,7 @@
 """The deployment model `dskbench pick` reads: rows of ops in execution order, their candidate paths, the
-server flags that select them, and the layer mix of a step. The data is shapes/deployment.yaml; this module
-only parses and checks it (every flag value must be one sglang 0.5.16 accepts).
+server flags that select them, and the layer mix of a step. The data is
+dskbench/data/shapes/deployment.yaml; this module only parses and checks it (every flag value must be one
+sglang 0.5.16 accepts).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dskbench import paths
 from dskbench.shapes.cases import ModelShapes
 from dskbench.shapes.exprs import ExprError, evaluate
 
-DEPLOYMENT_FILE = paths.REPO_ROOT / "shapes" / "deployment.yaml"
+DEPLOYMENT_FILE = paths.DEPLOYMENT_FILE
 SCOPES = ("layer", "step", "nextn", "spec")
 LAUNCH = ("python", "-m", "sglang.launch_server", "--model-path", "nvidia/DeepSeek-R1-NVFP4-v2")
 

@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     reg = sub.add_parser("registry", help="the kernel registry generated from the trace documents")
     reg_sub = reg.add_subparsers(dest="registry_command", required=True)
-    gen = reg_sub.add_parser("generate", help="(re)generate kernels_registry/ from traces/")
+    gen = reg_sub.add_parser("generate", help="(re)generate dskbench/data/registry/ from traces/")
     gen.add_argument(
         "--traces",
         nargs="+",
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--out",
         type=Path,
-        help="output folder: new, empty, or one generate wrote (default: kernels_registry/)",
+        help="output folder: new, empty, or one generate wrote (default: dskbench/data/registry/)",
     )
     gen.add_argument("--check", action="store_true", help="fail if the committed registry differs")
 
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--allow-drift",
         action="store_true",
-        help="run even where kernels_registry/ differs from what traces/ give (registry generate --check)",
+        help="run even where the registry differs from what traces/ give (registry generate --check)",
     )
     run.add_argument(
         "--resume",

@@ -5,50 +5,50 @@ fenced call chains, op -> kernel tables, op shape tables). Rather than one parse
 markdown walker recognises each *element* from its content: a table by its header (the role of each
 column), a ``#### N.M name **(source)**`` kernel section, a fenced ``sgl-kernel: path fn()`` chain.
 So a kernel in a new document shows up with no code change, as long as the document is written in
-a layout seen before. The facts stay raw (labels as written, line numbers); dskbench/registry/load.py
-normalises and merges them.
+a layout seen before. The facts stay raw (labels as written, line numbers: trace_model.py);
+dskbench/registry/merge.py normalises and merges them.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from dskbench.registry.trace_cells import (
+    IDENT,
+    LINK,
+    clean_name,
+    clean_path,
+    column_role,
+    href_site,
+    kernels_in_cell,
+    op_labels_in_cell,
+    sites_in_cell,
+    slugify,
+    split_cells,
+    strip_markup,
+)
+from dskbench.registry.trace_model import (
+    Frame,
+    KernelFacts,
+    OpRef,
+    ShapeRow,
+    Site,
+    TraceDoc,
+    TraceError,
+    Vote,
+)
+
 _HEADING = re.compile(r"^(#{1,6})(?:\s+(.*?))?\s*$")
 _KERNEL_HEADING = re.compile(r"^(?:\d+(?:\.\d+)*\.?\s+)?(?P<name>.*?)\s*\*\*\((?P<src>[^)]*)\)\*\*$")
 _NUMBER_ONLY = re.compile(r"^\d+(?:\.\d+)*\.?$")
 _SEPARATOR = re.compile(r"^\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
-_LINK = re.compile(r"\[(?P<text>[^\]]*)\]\((?P<href>[^)\s]+)\)")
 _TREE = re.compile(r"^(?P<pre>[\s│]*)(?P<arrow>[├└]─>)\s*(?P<body>.*)$")
 _BOLD_NOTE = re.compile(r"\*\*\((?P<note>[^)]*)\)\*\*")
 _SOURCE_PREFIX = re.compile(r"^(?P<src>[A-Za-z][\w.+-]*):\s+(?P<path>\S+)(?:\s+(?P<rest>.*))?$")
 _PATH_LINE = re.compile(r"^(?P<path>.+?):(?P<line>\d+)$")
 _GENERATED = re.compile(r"Generated:?\**:?\s*(\d{4}-\d{2}-\d{2})")
 _STEP = re.compile(r"^##\s+Step\s+\d+\b")
-
-# Column header -> role. Headers are compared lowercased, with any "(...)" remark removed.
-COLUMN_ROLES = {
-    "kernel": "kernel",
-    "kernels": "kernels",
-    "primary kernels": "kernels",
-    "source": "source",
-    "category": "category",
-    "primary call site": "call_sites",
-    "call sites": "call_sites",
-    "definition file": "definition",
-    "file": "file",
-    "target ops": "ops",
-    "ops using it": "ops",
-    "op call sites": "op_call_sites",
-    "op": "op",
-    "input shape": "input",
-    "output shape": "output",
-    "module": "module",
-    "kernel count": "count",
-    "count": "count",
-}
 
 # Which layout a table belongs to, by the roles of its columns (first match wins; informative only).
 TABLE_FORMATS = (
@@ -60,210 +60,6 @@ TABLE_FORMATS = (
     ("execution-ops", {"op", "input", "output", "kernel"}),
     ("execution-ops", {"kernel", "source", "ops"}),
 )
-
-
-class TraceError(ValueError):
-    """A malformed trace document; the message names the file and line."""
-
-    def __init__(self, path: Path | str, line: int, msg: str):
-        super().__init__(f"{path}:{line}: {msg}")
-        self.path = str(path)
-        self.line = line
-
-
-@dataclass(frozen=True)
-class Vote:
-    """A category or source label as written, with how much it says: 1 an explicit column or mark,
-    2 an enclosing heading, 3 a module name."""
-
-    value: str
-    line: int
-    level: int = 1
-
-
-@dataclass(frozen=True)
-class Site:
-    site: str  # "path:line" or "path" as traced (leading "../" removed)
-    line: int  # line in the trace document
-    kind: str = "kernel"  # "kernel": where the kernel is called; "op": where the calling op is called
-    via: str | None = None  # the function at that site, when the trace names it
-
-
-@dataclass(frozen=True)
-class OpRef:
-    label: str  # as written, backticks removed: "self.q_b_proj()", "experts (cutlass MoE path)"
-    line: int
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One line of a call chain: the kernel call (parent -1) or a caller further up."""
-
-    fn: str
-    site: str | None
-    line: int
-    parent: int
-    self_call: bool  # a `self.<module>()` call: the only frames that can name a model op
-
-
-@dataclass(frozen=True)
-class ShapeRow:
-    op_label: str
-    input: str
-    output: str
-    line: int
-    section: str
-    remark: str | None = None  # e.g. "B<=16" after the kernel name
-
-
-@dataclass
-class KernelFacts:
-    """Everything one document says about one kernel name."""
-
-    name: str
-    mentions: list[tuple[int, str]] = field(default_factory=list)  # (line, section)
-    categories: list[Vote] = field(default_factory=list)
-    sources: list[Vote] = field(default_factory=list)
-    call_sites: list[Site] = field(default_factory=list)
-    definitions: list[Site] = field(default_factory=list)
-    ops: list[OpRef] = field(default_factory=list)
-    chains: list[list[Frame]] = field(default_factory=list)
-    chain_sections: list[str] = field(default_factory=list)
-    shapes: list[ShapeRow] = field(default_factory=list)
-
-
-@dataclass
-class TraceDoc:
-    path: Path
-    format: str
-    text: str
-    generated: str | None = None
-    kernels: dict[str, KernelFacts] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-
-# -- small text helpers ----------------------------------------------------------------------------
-
-
-def clean_path(p: str) -> str:
-    p = p.strip().strip("`")
-    while p.startswith("../"):
-        p = p[3:]
-    return p
-
-
-def href_site(href: str) -> str:
-    """`../a/b.py#L12` -> `a/b.py:12`."""
-    path, _, frag = href.partition("#")
-    m = re.match(r"L(\d+)", frag)
-    return f"{clean_path(path)}:{m.group(1)}" if m else clean_path(path)
-
-
-def clean_name(s: str) -> str:
-    """`` `fused_moe_kernel[grid]()` `` -> ``fused_moe_kernel``."""
-    s = s.strip().strip("`").strip()
-    s = re.sub(r"\[[^\]]*\]$", "", s.removesuffix("()"))
-    return s.removesuffix("()").strip()
-
-
-def slugify(s: str) -> str:
-    """`Custom All-Reduce` -> `custom_all_reduce`."""
-    return re.sub(r"[^a-z0-9]+", "_", s.lower()).strip("_")
-
-
-def split_top(s: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside parentheses and backticks."""
-    out, depth, tick, cur = [], 0, False, []
-    for ch in s:
-        if ch == "`":
-            tick = not tick
-        elif not tick and ch == "(":
-            depth += 1
-        elif not tick and ch == ")":
-            depth = max(0, depth - 1)
-        if ch == sep and depth == 0 and not tick:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return [x.strip() for x in out if x.strip()]
-
-
-def split_cells(line: str) -> list[str]:
-    s = line.strip()
-    if s.startswith("|"):
-        s = s[1:]
-    if s.endswith("|") and not s.endswith("\\|"):
-        s = s[:-1]
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", s)]
-
-
-def strip_markup(s: str) -> str:
-    return re.sub(r"\*\*|`", "", s).strip()
-
-
-def column_role(header: str) -> str | None:
-    h = re.sub(r"\s*\(.*\)\s*$", "", header.strip().lower())
-    return COLUMN_ROLES.get(h)
-
-
-def kernels_in_cell(cell: str, plural: bool) -> list[tuple[str, str | None]]:
-    """Kernel names in a table cell, each with the remark that follows it ("(B<=16)").
-
-    Backticked names when there are any ("`a` (B<=16) / `b`"); otherwise plain identifiers
-    separated by commas. Text with spaces ("flashinfer/trtllm prefill", "custom_ar operations") is
-    a description, not a kernel.
-    """
-    out: list[tuple[str, str | None]] = []
-    if "`" in cell:
-        for m in re.finditer(r"`([^`]+)`(?:\s*\(([^)]*)\))?", cell):
-            name = clean_name(m.group(1))
-            if IDENT.match(name):
-                out.append((name, m.group(2)))
-        return out
-    parts = split_top(cell) if plural else [cell]
-    for p in parts:
-        name = clean_name(strip_markup(p))
-        if IDENT.match(name):
-            out.append((name, None))
-    return out
-
-
-def op_labels_in_cell(cell: str) -> list[str]:
-    """Op labels in a "Target Ops" / "Ops Using It" cell, each with its remark."""
-    if "`" in cell:
-        return [
-            f"{m.group(1).strip()} ({m.group(2)})" if m.group(2) else m.group(1).strip()
-            for m in re.finditer(r"`([^`]+)`(?:\s*\(([^)]*)\))?", cell)
-        ]
-    return [strip_markup(p) for p in split_top(cell)]
-
-
-def sites_in_cell(cell: str, default_file: str | None) -> list[str]:
-    """`:1300, :1340` (+ a default file) / `a.py:74, b.py` / `[L12](path#L12)` -> sites."""
-    cell = cell.strip()
-    links = list(_LINK.finditer(cell))
-    if links:
-        return [href_site(m.group("href")) for m in links]
-    if re.fullmatch(r"\(.*\)", cell):  # "(same as ...)", "(via communicator.py)"
-        return []
-    m = re.search(r"\(([\w./-]+\.\w+)\)\s*$", cell)
-    if m:
-        default_file, cell = m.group(1), cell[: m.start()]
-    out = []
-    for tok in split_top(cell):
-        tok = tok.strip("` ")
-        if re.fullmatch(r":\d+", tok):
-            if default_file:
-                out.append(f"{default_file}{tok}")
-        elif re.fullmatch(r"[\w./-]+\.\w+(:\d+)?", tok):
-            out.append(clean_path(tok))
-    return out
 
 
 # -- the walker ------------------------------------------------------------------------------------
@@ -429,7 +225,7 @@ class _Walker:
                 self.chain_frame(len(m.group("pre")), m.group("body"), lno)
 
     def chain_root(self, line: str, lno: int) -> None:
-        m = _LINK.match(line)
+        m = LINK.match(line)
         if not m:
             return
         f = self.facts(self.kernel)  # type: ignore[arg-type]
@@ -446,7 +242,7 @@ class _Walker:
     def chain_frame(self, col: int, body: str, lno: int) -> None:
         """A caller line: its parent is the nearest line above it with a smaller arrow column."""
         assert self.chain is not None
-        m = _LINK.match(body)
+        m = LINK.match(body)
         if m:
             fn, site = m.group("text").strip(), href_site(m.group("href"))
         else:
@@ -594,7 +390,7 @@ class _Walker:
                 if plural:
                     f.categories.append(Vote(strip_markup(cells["file"]), lno, 3))
                 else:
-                    link = _LINK.search(cells["file"])
+                    link = LINK.search(cells["file"])
                     path = clean_path(link.group("href")) if link else clean_path(cells["file"])
                     if "/" in path:
                         f.definitions.append(Site(path, lno, "definition"))

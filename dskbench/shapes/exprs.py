@@ -1,4 +1,4 @@
-"""Safe evaluation of the integer shape expressions used in shapes/*.yaml and the registry."""
+"""Safe evaluation of the integer shape expressions used in the shapes files and the registry."""
 
 from __future__ import annotations
 
