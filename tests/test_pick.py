@@ -10,10 +10,14 @@ import pytest
 
 from dskbench import paths
 from dskbench.analysis.compare import format_number
-from dskbench.analysis.pick import Picker, ResultIndex, Total, cli_pick, combine, load_runs, pick
+from dskbench.analysis.pick import Picker, ResultIndex, Total, combine, load_runs, pick
 from dskbench.analysis.pick_data import DeploymentError, load_deployment
 from dskbench.analysis.verdict import Stat, judge, mann_whitney_p
-from dskbench.report.pick_page import render_html, render_json, render_markdown, total_text
+from dskbench.report.pick_command import cli_pick
+from dskbench.report.pick_json import render_json
+from dskbench.report.pick_markdown import render_markdown
+from dskbench.report.pick_page import render_html
+from dskbench.report.pick_tables import total_text
 from dskbench.results.io import Run, environment_record, result_record
 from dskbench.shapes.cases import default_shapes
 
