@@ -10,10 +10,14 @@ import pytest
 
 from dskbench import paths
 from dskbench.analysis.compare import format_number
-from dskbench.analysis.pick import Picker, ResultIndex, Total, cli_pick, combine, load_runs, pick
+from dskbench.analysis.pick import Picker, ResultIndex, Total, combine, load_runs, pick
 from dskbench.analysis.pick_data import DeploymentError, load_deployment
 from dskbench.analysis.verdict import Stat, judge, mann_whitney_p
-from dskbench.report.pick_page import render_html, render_json, render_markdown, total_text
+from dskbench.report.pick_command import cli_pick
+from dskbench.report.pick_json import render_json
+from dskbench.report.pick_markdown import render_markdown
+from dskbench.report.pick_page import render_html
+from dskbench.report.pick_tables import total_text
 from dskbench.results.io import Run, environment_record, result_record
 from dskbench.shapes.cases import default_shapes
 
@@ -501,3 +505,37 @@ def test_insitu_layer_sequence_follows_the_picks(picker):
     ]
     assert missing == ["q_b_proj"]
     assert steps[1][1].record["point"] == {"B": 1, "kv_len": 4096}  # the exact case the adapter rebuilds
+
+
+def test_the_html_page_escapes_reasons_and_shares_the_report_stylesheet(dep):
+    from dskbench.report.templating import TEMPLATES
+
+    runs = [run_of(scenario())]
+    bad = next(r for r in runs[0].results if r["status"] == "wrong")
+    bad["reason"] = "<script>alert(1)</script>"
+    html = render_html(pick(runs, "NVIDIA H200", phases=["decode"], batches=[1], dep=dep))
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert re.search(r"<style>(.*?)</style>", html, re.S).group(1) == (TEMPLATES / "style.css").read_text()
+    assert '<body class="pick">' in html
+
+
+def test_the_pick_model_never_imports_the_renderers():
+    """analysis -> report is the one direction: the model is usable (and testable) without any page."""
+    import ast
+    from pathlib import Path
+
+    analysis = Path(__file__).resolve().parents[1] / "dskbench" / "analysis"
+    reach = []
+    for f in sorted(analysis.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            reach += [
+                f"{f.name}: {m}" for m in mods if m.startswith(("dskbench.report", "dskbench.frontends"))
+            ]
+    assert reach == []

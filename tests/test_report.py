@@ -404,3 +404,34 @@ def test_markdown_has_the_overview_and_the_folded_list(tmp_path: Path):
     assert row.rstrip(" |").endswith("no correct result (wrong/error)")
     assert "### Not measured (2 kernels, skipped)" in md and "- **kv_io** — no adapter" in md
     assert "### kv_io" not in md and "#### input_layernorm / enorm / hnorm · decode" in md
+
+
+# -- the templates ----------------------------------------------------------------------------------------
+
+
+def _style(page: str) -> str:
+    return re.search(r"<style>(.*?)</style>", page, re.S).group(1)
+
+
+def test_the_page_inlines_the_one_shared_stylesheet_and_stays_compact(report):
+    from dskbench.report.templating import TEMPLATES
+
+    page, _ = report
+    assert _style(page) == (TEMPLATES / "style.css").read_text()
+    assert "svg.chart .s circle.thr" in _style(page)  # the charts' styles are in it too
+    markup = re.sub(r"<(style|script)>.*?</\1>", "", page, flags=re.S)
+    assert markup.count("\n") == 1 and markup.endswith("</html>\n")  # template indentation is dropped
+
+
+def test_templates_ship_as_package_data():
+    from fnmatch import fnmatch
+
+    from dskbench.report.templating import TEMPLATES
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((TEMPLATES.parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["dskbench.report"]
+    files = [f.relative_to(TEMPLATES.parent).as_posix() for f in TEMPLATES.rglob("*") if f.is_file()]
+    assert {"templates/base.html.j2", "templates/style.css", "templates/pick.html.j2"} <= set(files)
+    assert [f for f in files if not any(fnmatch(f, p) for p in patterns)] == []
+    assert any(d.startswith("jinja2") for d in pyproject["project"]["dependencies"])

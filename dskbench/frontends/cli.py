@@ -377,7 +377,7 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "report":
             return cmd_report(args)
         if args.command == "pick":
-            from dskbench.analysis.pick import cli_pick
+            from dskbench.report.pick_command import cli_pick
 
             batch = list(args.batch) if args.batch else None
             return cli_pick(

@@ -2,6 +2,7 @@
 
 Why our own: the report must open offline (no CDN) and stay small with a few hundred charts; a chart
 here is one path per series, one path for its error bars and one circle per point (with a tooltip).
+The classes it writes are styled by the pages' shared stylesheet (templates/style.css).
 """
 
 from __future__ import annotations
@@ -248,22 +249,3 @@ def _series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, clip: tuple[float, f
                 out.append(f'<circle class="thr" cx="{cx:.1f}" cy="{cy:.1f}" r="7.5"/>')
     out.append("</g>")
     return "".join(out)
-
-
-CSS = """
-svg.chart{background:#fff;font:11px system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
-svg.chart .plot{fill:#fcfcfd;stroke:#c9ccd1}
-svg.chart .grid{stroke:#eceef1;stroke-width:1}
-svg.chart .ref{stroke:#888;stroke-dasharray:4 3}
-svg.chart .refl{text-anchor:end;fill:#666;font-size:10px}
-svg.chart .ttl{font-weight:600;font-size:12px;fill:#222}
-svg.chart .yt{text-anchor:end;fill:#555}
-svg.chart .xt{text-anchor:middle;fill:#555}
-svg.chart .xl,svg.chart .yl{text-anchor:middle;fill:#333}
-svg.chart .empty{text-anchor:middle;fill:#999}
-svg.chart .series{fill:none;stroke:currentColor;stroke-linejoin:round;stroke-linecap:round}
-svg.chart .err{stroke:currentColor;stroke-width:1.2;opacity:.55;fill:none}
-svg.chart .s circle{fill:currentColor;stroke:currentColor}
-svg.chart .s circle.h{fill:#fff}
-svg.chart .s circle.thr{fill:none;stroke:#D62728;stroke-width:1.6}
-"""

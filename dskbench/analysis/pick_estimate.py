@@ -1,0 +1,155 @@
+"""What a step costs: the winners summed over the layer mix (dense and MoE layers, once-per-step rows, the
+NextN layer with speculative decoding), and the server flag values with the lowest per-step total."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from dskbench.analysis.pick_data import RowSpec
+from dskbench.analysis.pick_rows import Picker
+
+
+@dataclass
+class Total:
+    """Microseconds summed over the measured rows, and the rows that had no measurement."""
+
+    us: float = 0.0
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """False when some row had no measurement: `us` is then a lower bound, never the total."""
+        return not self.missing
+
+    def add(self, us: float, weight: float = 1.0) -> None:
+        self.us += us * weight
+
+    def plus(self, other: Total, weight: float = 1.0) -> Total:
+        return Total(self.us + other.us * weight, sorted(set(self.missing) | set(other.missing)))
+
+
+@dataclass
+class Estimate:
+    batch: int
+    kv_len: int
+    dense_layer: Total
+    moe_layer: Total
+    per_step: Total
+    step: Total
+    contributions: dict[str, float]  # row -> us per step in `step`
+    spec_step: Total | None = None
+    spec_note: str = ""
+
+
+def multiplicity(row: RowSpec, counts: dict[str, int]) -> int:
+    if row.scope != "layer":
+        return 1
+    if row.layers in counts:
+        return counts[row.layers]
+    return sum(counts.values())
+
+
+def _row_kv(p: Picker, row: RowSpec, kv: int) -> int | None:
+    return kv if p.kv_values(row) != [None] else None
+
+
+def _layer_total(p: Picker, kind: str, batch: int, kv: int, scope: str = "layer") -> Total:
+    """Sum of the winners of one layer kind (or of the rows of another scope) at one batch point."""
+    t = Total()
+    for row in p.rows:
+        if row.scope != scope or (scope == "layer" and row.layers not in (None, kind)):
+            continue
+        w = p.cell(row, batch, _row_kv(p, row, kv)).winner
+        if w is None:
+            t.missing.append(row.name)
+        else:
+            t.add(w.median, row.calls)
+    return t
+
+
+def estimate(p: Picker, batch: int, kv: int) -> Estimate:
+    counts = p.dep.layer_counts
+    n_dense, n_moe = counts.get("dense", 0), counts.get("moe", 0)
+    dense = _layer_total(p, "dense", batch, kv)
+    moe = _layer_total(p, "moe", batch, kv)
+    per_step = _layer_total(p, "", batch, kv, scope="step")
+    step = Total().plus(dense, n_dense).plus(moe, n_moe).plus(per_step)
+    contrib: dict[str, float] = {}
+    for row in p.rows:
+        if row.scope not in ("layer", "step"):
+            continue
+        w = p.cell(row, batch, _row_kv(p, row, kv)).winner
+        if w is not None:
+            contrib[row.name] = multiplicity(row, counts) * row.calls * w.median
+    est = Estimate(batch, kv, dense, moe, per_step, step, contrib)
+    spec = p.dep.speculative
+    if p.phase == "decode" and spec.get("target_tokens") and spec.get("draft_forwards"):
+        tb = batch * spec["target_tokens"]
+        target = Total().plus(_tag(_layer_total(p, "dense", tb, kv), tb), n_dense)
+        target = target.plus(_tag(_layer_total(p, "moe", tb, kv), tb), n_moe)
+        draft_layer = _layer_total(p, p.dep.draft_layer, batch, kv)
+        draft = draft_layer.plus(_layer_total(p, "", batch, kv, scope="nextn"))
+        extra = _layer_total(p, "", batch, kv, scope="spec")
+        est.spec_step = target.plus(draft, spec["draft_forwards"]).plus(extra)
+        est.spec_note = (
+            f"target layers at T = {spec['target_tokens']}·B (tokens verified per request), "
+            f"{spec['draft_forwards']} NextN draft forwards at T = B, EAGLE kernels once"
+        )
+    return est
+
+
+def _tag(t: Total, batch: int) -> Total:
+    t.missing = [f"{m} @T={batch}" for m in t.missing]
+    return t
+
+
+# -- flags -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FlagChoice:
+    """One server flag at one batch point: the value with the lowest per-step total over the rows it
+    governs (a flag sets every such row at once, so the per-row winners may disagree)."""
+
+    flag: str
+    value: str | None
+    totals: dict[str, tuple[float, list[str]]]  # value -> (us per step, rows it has no measurement for)
+    disagree: list[str]  # rows whose own winner wants another value (or none)
+
+
+def flag_choices(p: Picker, batch: int, kv: int) -> list[FlagChoice]:
+    counts = p.dep.layer_counts
+    governed: dict[str, list[RowSpec]] = defaultdict(list)
+    for row in p.rows:
+        if row.scope not in ("layer", "step"):
+            continue
+        for flag in sorted({f for c in p.candidates[row.name] if not c.what_if for f in c.flags}):
+            governed[flag].append(row)
+    out = []
+    for flag, rows in sorted(governed.items()):
+        values = sorted(
+            {c.flags[flag] for r in rows for c in p.candidates[r.name] if flag in c.flags and not c.what_if}
+        )
+        totals: dict[str, tuple[float, list[str]]] = {}
+        cells = {}
+        for r in rows:
+            cells[r.name] = p.cell(r, batch, _row_kv(p, r, kv))
+        for v in values:
+            us, lacking = 0.0, []
+            for r in rows:
+                best = [o for o in cells[r.name].ranked if o.path.flags.get(flag) == v]
+                if best:
+                    us += multiplicity(r, counts) * r.calls * best[0].median
+                else:
+                    lacking.append(r.name)
+            totals[v] = (us, lacking)
+        complete = [v for v in values if not totals[v][1]]
+        value = min(complete, key=lambda v: totals[v][0]) if complete else None
+        disagree = [
+            r.name
+            for r in rows
+            if cells[r.name].winner is not None and cells[r.name].winner.path.flags.get(flag) != value  # type: ignore[union-attr]
+        ]
+        out.append(FlagChoice(flag, value, totals, disagree))
+    return out

@@ -1,0 +1,68 @@
+"""`dskbench pick`: read the results, pick, and print the Markdown, or write pick.md, pick.html and
+pick.json and print a short summary. The model is dskbench.analysis.pick; the renderers are beside this."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from dskbench.analysis.pick import PHASES, PickError, check_tp, load_runs, pick
+from dskbench.analysis.pick_data import DeploymentError
+from dskbench.report.pick_json import render_json
+from dskbench.report.pick_markdown import render_markdown, render_summary
+from dskbench.report.pick_page import render_html
+from dskbench.results.io import ResultsError
+from dskbench.shapes.cases import ShapeError
+
+
+def cli_pick(
+    paths: list[Path],
+    phase: str | None,
+    batch: list[int] | None,
+    tp: int,
+    out: Path | None,
+    kv_len: int | None = None,
+    device: str | None = None,
+) -> int:
+    """Print the pick as Markdown; or, with `out`, write pick.md, pick.html and pick.json there and print
+    a short summary (the launch command, the step estimate per batch, the files).
+
+    0 on success, 2 on bad input (unreadable results, several devices, a bad deployment file).
+    """
+    if phase is not None and phase not in PHASES:
+        print(f"dskbench pick: phase {phase!r} is not one of {', '.join(PHASES)}", file=sys.stderr)
+        return 2
+    try:
+        runs, dev = load_runs(paths, device)
+        check_tp(runs, tp, [phase] if phase else PHASES)
+        result = pick(
+            runs,
+            dev,
+            phases=[phase] if phase else PHASES,
+            batches=batch,
+            tp=tp,
+            kv_len=kv_len,
+            inputs=[str(p) for p in paths],
+        )
+    except (ResultsError, PickError, DeploymentError, ShapeError) as e:
+        print(f"dskbench pick: {e}", file=sys.stderr)
+        return 2
+    md = render_markdown(result)
+    if out is None:
+        print(md, end="")
+        return 0
+    files = {
+        "pick.md": md,
+        "pick.html": render_html(result),
+        "pick.json": json.dumps(render_json(result), indent=1) + "\n",
+    }
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
+    except OSError as e:
+        print(f"dskbench pick: cannot write into {out}: {e.strerror}", file=sys.stderr)
+        return 2
+    print(render_summary(result, [str(out / name) for name in files]), end="")
+    return 0
