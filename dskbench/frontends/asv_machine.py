@@ -40,14 +40,14 @@ def _nvml() -> Any:
 
 def _visible(lib: Any) -> list[Any]:
     """NVML handles of the GPUs CUDA would use, in CUDA's order (CUDA_VISIBLE_DEVICES honoured)."""
+    from dskbench.setup.visible import visible_devices
+
     count = int(lib.nvmlDeviceGetCount())
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is None:
+    tokens = visible_devices()
+    if tokens is None:
         return [lib.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     handles = []
-    for tok in (t.strip() for t in env.split(",")):
-        if not tok:
-            break
+    for tok in tokens:
         if tok.isdigit():
             if int(tok) >= count:
                 break  # CUDA stops at the first invalid entry
