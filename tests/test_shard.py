@@ -266,7 +266,9 @@ def test_cli_no_multicast_flag_and_switch(tmp_path, monkeypatch):
 
 def test_dry_run_prints_the_cut(monkeypatch, capsys):
     registry = {k: _entry(k) for k in ("fake_ok", "fake_wrong", "fake_raise")}
-    monkeypatch.setattr("dskbench.frontends.cli.common.registry_and_shapes", lambda: (registry, default_shapes()))
+    monkeypatch.setattr(
+        "dskbench.frontends.cli.common.registry_and_shapes", lambda: (registry, default_shapes())
+    )
     monkeypatch.setattr(
         DeviceInfo, "detect", classmethod(lambda cls, want="cuda": DeviceInfo("cuda", "G", 90, 2))
     )
