@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-VENDOR = Path(__file__).resolve().parents[1] / "report" / "asv_vendor"
+VENDOR = Path(__file__).resolve().parents[2] / "report" / "asv_vendor"
 
 # asv 0.6.6's external resources -> our copies
 CDN_TO_LOCAL = {
