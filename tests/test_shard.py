@@ -253,7 +253,8 @@ def test_cli_no_multicast_flag_and_switch(tmp_path, monkeypatch):
 
     monkeypatch.setattr("dskbench.execution.runner.run_sweep", fake_run_sweep)
     monkeypatch.setattr(
-        cli, "_registry_and_shapes", lambda: ({"fake_ok": _entry("fake_ok")}, default_shapes())
+        "dskbench.frontends.cli.common.registry_and_shapes",
+        lambda: ({"fake_ok": _entry("fake_ok")}, default_shapes()),
     )
     monkeypatch.setattr("dskbench.registry.load.drift_message", lambda: None)
     base = ["run", "--device", "cpu", "--kernel", "fake_ok", "--backend", "fake"]
