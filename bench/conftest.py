@@ -7,7 +7,8 @@ Run it explicitly (pyproject's testpaths keeps it out of the unit tests, which m
 
 Tests are parametrised from the same plan as the asv suite (dskbench.frontends.suite). The first test of a kernel
 measures all of that kernel's selected cases in one isolated worker through the runner (the one
-measurement core); each test then replays its case's samples into pytest-benchmark (suite.replay), so
+measurement core); each test then replays its case's samples into pytest-benchmark
+(dskbench.frontends.pytest_bench.replay), so
 min/median/IQR/compare are statistics of GPU time, not of the host. Without a GPU it times the torch
 reference on the CPU, says so in the header, the machine info and every extra_info, and the GPU
 backends are skipped with the runner's reason.
@@ -27,7 +28,11 @@ import pytest
 if importlib.util.find_spec("dskbench") is None:  # plain `pytest bench` in a checkout, not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dskbench.frontends import suite  # noqa: E402
+from dskbench.execution.config import RunConfig  # noqa: E402
+from dskbench.frontends.suite.config import label, parse_config, selection_info  # noqa: E402
+from dskbench.frontends.suite.measure import measure_kernel  # noqa: E402
+from dskbench.frontends.suite.plan import Plan  # noqa: E402
+from dskbench.frontends.suite.plan_cache import load_plan  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,7 +57,7 @@ class _Session:
 
     def __init__(self, config: pytest.Config):
         opt = config.getoption
-        sel = suite.Selection.parse(
+        config = parse_config(
             device=opt("dskbench_device"),
             kernels=opt("dskbench_kernel"),
             backends=opt("dskbench_backend"),
@@ -63,8 +68,8 @@ class _Session:
             budget=opt("dskbench_budget"),
         )
         # On a CPU, plan the GPU backends too: they show up as skipped tests with the runner's reason.
-        self.selection = dataclasses.replace(sel, all_backends=sel.device == "cpu")
-        self._plan: suite.Plan | None = None
+        self.config = dataclasses.replace(config, all_backends=config.device == "cpu")
+        self._plan: Plan | None = None
         self._kernel_of: dict[str, str] = {}
         self.selected: dict[str, set[str]] = {}
         self.measured: dict[str, dict[str, Any]] = {}
@@ -73,9 +78,9 @@ class _Session:
         self.keep_dir = opt("dskbench_jsonl_dir") or paths.RESULTS_DIR / "pytest-jsonl"
 
     @property
-    def plan(self) -> suite.Plan:
+    def plan(self) -> Plan:
         if self._plan is None:
-            self._plan = suite.load_plan(self.selection)
+            self._plan = load_plan(self.config)
             self._kernel_of = self._plan.kernel_of()
         return self._plan
 
@@ -87,8 +92,8 @@ class _Session:
         kernel = self.kernel_of(key)
         if kernel not in self.measured:
             keys = self.selected.get(kernel) or {key}
-            self.measured[kernel] = suite.measure_kernel(
-                kernel, self.plan.items(kernel, keys), self.selection, keep_dir=self.keep_dir
+            self.measured[kernel] = measure_kernel(
+                kernel, self.plan.items(kernel, keys), self.config, keep_dir=self.keep_dir
             )
         rec = self.measured[kernel]["cases"].get(key)
         if rec is None:
@@ -129,24 +134,24 @@ def dsk_result(request: pytest.FixtureRequest, dsk_case: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def dsk_selection(request: pytest.FixtureRequest) -> suite.Selection:
-    return _session(request.config).selection
+def dsk_config(request: pytest.FixtureRequest) -> RunConfig:
+    return _session(request.config).config
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    sel = _session(config).selection
-    return f"dskbench: {sel.label()}; sweeps {','.join(sel.phases)}, profile {sel.profile}"
+    run = _session(config).config
+    return f"dskbench: {label(run)}; sweeps {','.join(run.phases)}, profile {run.profile}"
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
     """GPU identity next to pytest-benchmark's host info (its machine_id has no GPU in it)."""
-    from dskbench.frontends.asv_machine import read_gpus
+    from dskbench.frontends.asv.machine import read_gpus
 
-    sel = _session(config).selection
+    run = _session(config).config
     try:
         gpus = read_gpus()
     except Exception as e:  # no NVML on this box
         gpus, machine_info["nvml_error"] = [], f"{type(e).__name__}: {e}"
     machine_info["gpu"] = gpus[0] if gpus else None
     machine_info["gpu_count"] = len(gpus)
-    machine_info["dskbench"] = {"device": sel.device, "label": sel.label(), "selection": sel.to_json()}
+    machine_info["dskbench"] = {"device": run.device, "label": label(run), "selection": selection_info(run)}

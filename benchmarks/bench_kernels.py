@@ -1,7 +1,7 @@
 """asv benchmarks generated from the kernel registry: one class per kernel, one param per (case, backend).
 
 Nothing is written by hand per kernel. At import this module reads the selection from environment
-variables (dskbench.frontends.suite.ASV_ENV: DSKBENCH_ASV_SWEEP=decode, DSKBENCH_ASV_KERNELS=rmsnorm,...,
+variables (dskbench.frontends.suite.config.ASV_ENV: DSKBENCH_ASV_SWEEP=decode, DSKBENCH_ASV_KERNELS=rmsnorm,...,
 DSKBENCH_ASV_QUICK=1, DSKBENCH_DEVICE=cpu, ...) and takes the plan from dskbench.frontends.suite's on-disk cache,
 so the process asv starts for every (benchmark, param) imports neither torch nor a kernel library.
 
@@ -27,7 +27,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dskbench.frontends import suite
+from dskbench.frontends.asv.benchmarks import SUITE_VERSION, asv_jsonl_dir, setup_cache_timeout
+from dskbench.frontends.suite.config import config_from_env, label
+from dskbench.frontends.suite.measure import measure_kernel
+from dskbench.frontends.suite.plan_cache import load_plan
 
 try:
     from asv_runner.benchmarks.mark import SkipNotImplemented
@@ -38,8 +41,8 @@ except ImportError:  # imported outside asv (tests, tooling)
 
 
 _CHECKOUT = Path(__file__).resolve().parent.parent
-_SELECTION = suite.Selection.from_env()
-_PLAN = suite.load_plan(_SELECTION)
+_CONFIG = config_from_env()
+_PLAN = load_plan(_CONFIG)
 # Attribute names asv reads from the benchmark's class *and module*; a kernel must not shadow them.
 _ASV_ATTRS = frozenset(
     "setup teardown setup_cache params param_names timeout version unit number repeat rounds "
@@ -54,15 +57,15 @@ class _KernelBenchmark:
     param_names = ["case"]
     params: list[list[str]] = [[]]
     # Explicit: asv's default version hashes the source, which every generated class shares.
-    version = f"dskbench-{suite.SUITE_VERSION}-{_SELECTION.mode}"
+    version = f"dskbench-{SUITE_VERSION}-{_CONFIG.options.mode}"
     timeout = 120.0  # one track_* call only reads the cache
 
     def _measure(self) -> dict[str, Any]:
-        cache = suite.measure_kernel(
+        cache = measure_kernel(
             self.kernel,
             _PLAN.items(self.kernel),
-            _SELECTION,
-            keep_dir=suite.asv_jsonl_dir(_CHECKOUT),
+            _CONFIG,
+            keep_dir=asv_jsonl_dir(_CHECKOUT),
             progress=_progress,
         )
         print(f"dskbench {self.kernel}: {cache['summary']}")
@@ -132,14 +135,14 @@ def _generate() -> None:
     taken: set[str] = set()
     for kernel in kernels:
         fn = functions[kernel]
-        fn.timeout = suite.setup_cache_timeout(len(_PLAN.kernels[kernel]), _SELECTION)
+        fn.timeout = setup_cache_timeout(len(_PLAN.kernels[kernel]), _CONFIG)
         name = _class_name(kernel, taken)
         globals()[name] = type(
             name,
             (_KernelBenchmark,),
             {
                 "__module__": __name__,
-                "__doc__": f"{kernel}: {len(_PLAN.kernels[kernel])} cases ({_SELECTION.label()})",
+                "__doc__": f"{kernel}: {len(_PLAN.kernels[kernel])} cases ({label(_CONFIG)})",
                 "kernel": kernel,
                 "params": [_PLAN.keys(kernel)],
                 "setup_cache": fn,

@@ -43,7 +43,13 @@ GPU kernels are skipped): for tests, and to try arguments before spending GPU ti
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dskbench.setup.visible import visible_devices  # noqa: E402 - light: reads the environment only
 
 # DSKBENCH_NO_MULTICAST=1: NVLink multicast off in every rank, set before torch, NCCL or torch's symmetric
 # memory read it (for GPUs shared with other tenants); else as the host has it. The same values as
@@ -65,8 +71,7 @@ def numeric_visible_devices(environ: Any, uuid_index: Any = None) -> str | None:
     which numbers devices as NVML does), before CUDA reads it: sglang's custom all-reduce parses the
     variable as integers (custom_all_reduce_utils) and would fail its set-up on UUIDs. Returns the new
     value, or None when nothing was changed (unset, already numeric, mixed, MIG, or a lookup failed)."""
-    raw = environ.get("CUDA_VISIBLE_DEVICES")
-    tokens = [t.strip() for t in (raw or "").split(",") if t.strip()]
+    tokens = visible_devices(environ) or []
     if not tokens or not all(t.startswith("GPU-") for t in tokens):
         return None
     if environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID") != "PCI_BUS_ID":
@@ -107,14 +112,10 @@ import math  # noqa: E402
 import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Mapping  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dskbench.execution.limits import LimitError, parse_timeout, timeout_from_env  # noqa: E402
 from dskbench.execution.process import (  # noqa: E402

@@ -11,6 +11,7 @@ import sys
 import tests.fake_adapters  # noqa: F401 - registers the fakes
 import tests.fake_shard_adapters  # noqa: F401
 from dskbench.frontends import cli
+from dskbench.frontends.cli import common
 from dskbench.shapes.cases import default_shapes
 from tests.fake_adapters import registry_entry as _entry
 
@@ -18,7 +19,7 @@ FAKES = ("fake_ok", "fake_wrong", "fake_crash", "fake_poison", "fake_abort", "fa
 
 
 def main(argv: list[str]) -> int:
-    cli._registry_and_shapes = lambda: ({k: _entry(k) for k in FAKES}, default_shapes())
+    common.registry_and_shapes = lambda: ({k: _entry(k) for k in FAKES}, default_shapes())
     return cli.main(argv)
 
 

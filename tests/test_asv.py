@@ -16,7 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dskbench.frontends import asv_machine, suite
+from dskbench.frontends.asv import machine as asv_machine
+from dskbench.frontends.asv.benchmarks import SUITE_VERSION, asv_jsonl_dir
+from dskbench.frontends.suite.plan_cache import child_env
 from dskbench.results.io import read_runs
 from tests.suite_helpers import REPO, make_fake_root
 
@@ -124,11 +126,11 @@ def test_machine_file_without_nvml(tmp_path, capsys):
 def test_jsonl_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("DSKBENCH_ASV_JSONL_DIR", raising=False)
     monkeypatch.delenv("ASV_CONF_DIR", raising=False)
-    assert suite.asv_jsonl_dir(tmp_path).parent == tmp_path / "results" / "asv-jsonl"
+    assert asv_jsonl_dir(tmp_path).parent == tmp_path / "results" / "asv-jsonl"
     monkeypatch.setenv("ASV_CONF_DIR", str(tmp_path / "conf"))
-    assert suite.asv_jsonl_dir(tmp_path).parent == tmp_path / "conf" / "results" / "asv-jsonl"
+    assert asv_jsonl_dir(tmp_path).parent == tmp_path / "conf" / "results" / "asv-jsonl"
     monkeypatch.setenv("DSKBENCH_ASV_JSONL_DIR", str(tmp_path / "x"))
-    assert suite.asv_jsonl_dir(tmp_path) == tmp_path / "x"
+    assert asv_jsonl_dir(tmp_path) == tmp_path / "x"
 
 
 @pytest.fixture()
@@ -169,7 +171,7 @@ def test_generated_suite_as_asv_runner_sees_it(bench_module):
     assert lat.params == [
         ["'fake_ok/input_layernorm/prefill/T=64|fake'", "'fake_ok/input_layernorm/prefill/T=64|b200'"]
     ]
-    assert lat.version == f"dskbench-{suite.SUITE_VERSION}-cold"
+    assert lat.version == f"dskbench-{SUITE_VERSION}-cold"
     # one setup_cache per kernel (a shared key would hand fake_wrong the measurements of fake_ok)
     keys = {c: get_setup_cache_key(classes[c]().setup_cache) for c in ("fake_ok", "fake_wrong")}
     assert len(set(keys.values())) == 2 and all(k.startswith("bench_kernels:") for k in keys.values())
@@ -236,10 +238,10 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "asv.conf.json").write_text(json.dumps(conf))
-    env = suite.child_env()
+    env = child_env()
     env.update(HOME=str(tmp_path), ASV_PYTHONPATH=str(REPO))  # asv drops PYTHONPATH; HOME: machine file
     machine = subprocess.run(
-        [sys.executable, "-m", "dskbench.frontends.asv_machine"],
+        [sys.executable, "-m", "dskbench.frontends.asv.machine"],
         env=env,
         capture_output=True,
         text=True,
@@ -296,7 +298,7 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
     assert (tmp_path / "html" / "index.json").is_file()
     assert os.path.isdir(tmp_path / "html" / "graphs")
     # ...and the site works offline: every CDN script/stylesheet asv names has a vendored copy
-    from dskbench.frontends.asv_offline import main as offline
+    from dskbench.frontends.asv.offline import main as offline
 
     assert offline([str(tmp_path / "html")]) == 0
     page = (tmp_path / "html" / "index.html").read_text()
@@ -306,7 +308,7 @@ def test_asv_check_and_quick_run_on_cpu(asv_env, tmp_path):
 
 
 def test_asv_offline_leaves_unknown_resources_and_says_so(tmp_path, capsys):
-    from dskbench.frontends.asv_offline import main as offline
+    from dskbench.frontends.asv.offline import main as offline
 
     assert offline([str(tmp_path)]) == 2  # nothing published there
     assert "run `asv publish` first" in capsys.readouterr().err
@@ -334,7 +336,7 @@ def test_asv_at_two_commits_from_clones_of_the_checkout(tmp_path):
     ).stdout.split()
     status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
     dest = tmp_path / "out"
-    env = suite.child_env()
+    env = child_env()
     env.update(
         HOME=str(tmp_path),
         ASV_PYTHON=sys.executable,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dskbench.frontends import suite
+from dskbench.frontends.suite.plan_cache import child_env
 from dskbench.results.io import read_runs
 from tests.suite_helpers import REPO, make_fake_root, run_pytest, write_registry
 
@@ -49,7 +49,7 @@ def test_pytest_benchmark_suite_on_cpu(fake_root, tmp_path):
     write_registry(fake_root, {"fake_sleep": "benchmark"})
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "fake_sleep_adapter.py").write_text(SLEEP_ADAPTER)
-    env = suite.child_env()
+    env = child_env()
     env["PYTHONPATH"] += os.pathsep + str(tmp_path / "mods")
     env["DSKBENCH_EXTRA_ADAPTERS"] = "fake_sleep_adapter"
     storage = tmp_path / "storage"

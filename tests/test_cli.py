@@ -15,6 +15,7 @@ from dskbench import paths
 from dskbench.adapters import register
 from dskbench.adapters.base import Adapter
 from dskbench.frontends import cli
+from dskbench.frontends.cli import common as cli_common
 from dskbench.shapes.cases import default_shapes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -345,7 +346,9 @@ def test_a_tp_with_no_case_is_an_error_naming_the_tp_values_that_have_some(edit_
         aliases=(),
         category="t",
     )
-    monkeypatch.setattr(cli, "_registry_and_shapes", lambda: ({"fake_tp_only": entry}, default_shapes()))
+    monkeypatch.setattr(
+        cli_common, "registry_and_shapes", lambda: ({"fake_tp_only": entry}, default_shapes())
+    )
     args = ["run", "--device", "cpu", "--kernel", "fake_tp_only", "--sweep", "decode", "--dry-run"]
     err = _one_line_error(cli.main([*args, "--tp", "1"]), capsys.readouterr().err)
     assert err == (

@@ -13,7 +13,7 @@ import pytest
 from fake_results import COMMIT_A, COMMIT_B, fake_runs, write_runs
 
 from dskbench import paths
-from dskbench.analysis.compare import Key, Stat, cli_compare, compare, judge, load_stats, mann_whitney_p
+from dskbench.analysis.compare import Key, Stat, compare, judge, load_stats, mann_whitney_p
 from dskbench.analysis.compare_inputs import load_side
 from dskbench.analysis.noise import (
     Band,
@@ -25,6 +25,7 @@ from dskbench.analysis.noise import (
     load_prior,
 )
 from dskbench.frontends.cli import main as cli_main
+from dskbench.frontends.cli.compare import cli_compare
 from dskbench.results.io import Run, environment_record, result_record
 
 REPO = paths.REPO_ROOT

@@ -36,7 +36,7 @@ def fakes(monkeypatch):
     """The command line with the fake kernels as its registry (in this process: --no-isolate)."""
     reg = {k: _entry(k) for k in ("fake_ok", "fake_wrong", "fake_raise")}
     reg["fake_ok"].op_names = ["input_layernorm", "post_attention_layernorm"]  # two ops, one shape
-    monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (reg, default_shapes()))
+    monkeypatch.setattr("dskbench.frontends.cli.common.registry_and_shapes", lambda: (reg, default_shapes()))
     return reg
 
 
@@ -226,10 +226,13 @@ def test_every_record_carries_a_repro_that_selects_exactly_its_case(tmp_path, fa
 def test_the_repro_of_every_op_variant_and_sweep_selects_exactly_its_case(monkeypatch):
     """Over the real registry's CPU plan: one case per (op, variant, sweep), tp points included."""
     monkeypatch.setattr("dskbench.registry.load.drift_message", lambda *a, **k: None)  # checked elsewhere
-    reg, shapes = cli._registry_and_shapes()
-    args = cli.build_parser().parse_args(["run", "--device", "cpu", "--sweep", "all"])
+    from dskbench.execution.config import RunConfig
+    from dskbench.frontends.cli.common import registry_and_shapes
+    from dskbench.frontends.cli.plan import plan
+
+    reg, shapes = registry_and_shapes()
     opts = SweepOptions(device="cpu", phases=cli.SWEEPS, profile="cpu", budget_s=0.2)
-    items, _ = cli._plan(args, opts, reg, shapes)
+    items, _ = plan(RunConfig(options=opts), reg, shapes)
     one_each = {}
     for it in items:
         one_each.setdefault((it.case["op"], it.case.get("variant"), it.case["phase"]), it)

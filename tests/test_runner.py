@@ -115,7 +115,9 @@ def test_results_written_as_they_finish(tmp_path, registry):
 def test_resume_skips_finished_cases_and_retries_errors_when_told(tmp_path, registry, monkeypatch):
     from dskbench.frontends import cli
 
-    monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (registry, default_shapes()))
+    monkeypatch.setattr(
+        "dskbench.frontends.cli.common.registry_and_shapes", lambda: (registry, default_shapes())
+    )
     out = tmp_path / "r.jsonl"
     args = ["run", "--device", "cpu", "--kernel", "fake_ok", "--kernel", "fake_raise", "--backend", "fake"]
     assert cli.main([*args, "--out", str(out), "--budget", "0.02"]) == cli.EXIT_FAIL  # fake_raise: errors

@@ -253,7 +253,8 @@ def test_cli_no_multicast_flag_and_switch(tmp_path, monkeypatch):
 
     monkeypatch.setattr("dskbench.execution.runner.run_sweep", fake_run_sweep)
     monkeypatch.setattr(
-        cli, "_registry_and_shapes", lambda: ({"fake_ok": _entry("fake_ok")}, default_shapes())
+        "dskbench.frontends.cli.common.registry_and_shapes",
+        lambda: ({"fake_ok": _entry("fake_ok")}, default_shapes()),
     )
     monkeypatch.setattr("dskbench.registry.load.drift_message", lambda: None)
     base = ["run", "--device", "cpu", "--kernel", "fake_ok", "--backend", "fake"]
@@ -266,7 +267,9 @@ def test_cli_no_multicast_flag_and_switch(tmp_path, monkeypatch):
 
 def test_dry_run_prints_the_cut(monkeypatch, capsys):
     registry = {k: _entry(k) for k in ("fake_ok", "fake_wrong", "fake_raise")}
-    monkeypatch.setattr(cli, "_registry_and_shapes", lambda: (registry, default_shapes()))
+    monkeypatch.setattr(
+        "dskbench.frontends.cli.common.registry_and_shapes", lambda: (registry, default_shapes())
+    )
     monkeypatch.setattr(
         DeviceInfo, "detect", classmethod(lambda cls, want="cuda": DeviceInfo("cuda", "G", 90, 2))
     )

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dskbench.frontends import suite
+from dskbench.execution.config import RunConfig
+from dskbench.frontends.pytest_bench.replay import ReplayClock
+from dskbench.frontends.suite import config as suite_config
+from dskbench.frontends.suite import measure, plan_cache
+from dskbench.frontends.suite import plan as suite_plan
 from dskbench.results.io import read_runs
 from dskbench.shapes.cases import default_shapes
 from tests.suite_helpers import REPO, make_fake_root, run_pytest, write_registry
@@ -22,16 +26,16 @@ def fake_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return make_fake_root(tmp_path, monkeypatch)
 
 
-def cpu_selection(**kw) -> suite.Selection:
+def cpu_selection(**kw) -> RunConfig:
     base = dict(device="cpu", sweep="decode", budget="0.02")
     base.update(kw)
-    return suite.Selection.parse(**base)
+    return suite_config.parse_config(**base)
 
 
-# -- selection -------------------------------------------------------------------------------------------
+# -- the run configuration -------------------------------------------------------------------------------
 
 
-def test_selection_from_env_parses_every_knob():
+def test_config_from_env_parses_every_knob():
     env = {
         "DSKBENCH_DEVICE": "cpu",
         "DSKBENCH_ASV_KERNELS": "rmsnorm, fused_add_rmsnorm",
@@ -41,22 +45,28 @@ def test_selection_from_env_parses_every_knob():
         "DSKBENCH_ASV_TP": "1,8",
         "DSKBENCH_ASV_MODE": "hot",
     }
-    sel = suite.Selection.from_env(env)
-    assert sel.kernels == ("rmsnorm", "fused_add_rmsnorm") and sel.backends == ("torch-ref",)
-    assert sel.phases == suite.SWEEPS and sel.tp == (1, 8) and sel.mode == "hot" and sel.quick
-    assert sel.profile == "cpu" and sel.budget_s == 0.2  # a CPU run is always the capped CPU sweep
-    assert "CPU" in sel.label() and "not GPU" in sel.label()
-    opts = sel.options()
-    assert opts.device == "cpu" and opts.isolate and opts.phases == suite.SWEEPS
-    assert suite.Selection.from_json(json.loads(json.dumps(sel.to_json()))) == sel
+    config = suite_config.config_from_env(env)
+    assert config.kernels == ("rmsnorm", "fused_add_rmsnorm") and config.backends == ("torch-ref",)
+    assert config.phases == suite_config.SWEEPS and config.tp == (1, 8) and config.options.mode == "hot"
+    assert config.profile == "cpu" and config.options.budget_s == 0.2  # a CPU run: the capped CPU sweep
+    assert "CPU" in suite_config.label(config) and "not GPU" in suite_config.label(config)
+    opts = config.options
+    assert opts.device == "cpu" and opts.isolate and opts.phases == suite_config.SWEEPS
+    assert RunConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    info = suite_config.selection_info(config)
+    assert (
+        info["kernels"] == ["rmsnorm", "fused_add_rmsnorm"] and info["mode"] == "hot" and info["tp"] == [1, 8]
+    )
 
 
-def test_selection_defaults_and_gpu_profiles():
-    sel = suite.Selection.parse(device="cuda")
-    assert sel.phases == ("decode", "prefill") and sel.profile == "full" and sel.budget_s is None
-    assert suite.Selection.parse(device="cuda", quick="yes").profile == "quick"
+def test_config_defaults_and_gpu_profiles():
+    config = suite_config.parse_config(device="cuda")
+    assert config.phases == ("decode", "prefill") and config.profile == "full"
+    assert config.options.budget_s is None
+    quick = suite_config.parse_config(device="cuda", quick="yes")
+    assert quick.profile == "quick" and suite_config.selection_info(quick)["quick"] is True
     # no NVML on this machine: auto means the CPU
-    assert suite.Selection.from_env({}).device == "cpu"
+    assert suite_config.config_from_env({}).device == "cpu"
 
 
 @pytest.mark.parametrize(
@@ -69,9 +79,9 @@ def test_selection_defaults_and_gpu_profiles():
         ({"budget": "fast"}, "budget"),
     ],
 )
-def test_selection_rejects_bad_values(kw, match):
-    with pytest.raises(suite.SuiteError, match=match):
-        suite.Selection.parse(**kw)
+def test_config_rejects_bad_values(kw, match):
+    with pytest.raises(suite_config.SuiteError, match=match):
+        suite_config.parse_config(**kw)
 
 
 # -- results as the front ends see them -------------------------------------------------------------------
@@ -91,14 +101,14 @@ def test_case_result_flattens_a_record():
         "metrics": {"gbps": 1000.0, "tflops": 2.0, "pct_bw_datasheet": 20.8},
         "clocks": {"throttled": False},
     }
-    c = suite.case_result(rec)
+    c = measure.case_result(rec)
     assert c["samples_s"] == [1e-6, 2e-6, 4e-6] and c["median_s"] == 2e-6
     assert c["gbps"] == 1000.0 and c["tflops"] == 2.0 and c["metrics"]["pct_bw_datasheet"] == 20.8
     assert "samples_us" not in c["timing"] and "clocks_before" not in c["timing"] and c["throttled"] is False
     # no metrics from the core: bandwidth from the bytes and the median
     rec2 = {**rec, "metrics": {}}
-    assert suite.case_result(rec2)["gbps"] == pytest.approx(1000.0)
-    skipped = suite.case_result({"status": "skipped", "reason": "needs sm100", "backend": {"name": "x"}})
+    assert measure.case_result(rec2)["gbps"] == pytest.approx(1000.0)
+    skipped = measure.case_result({"status": "skipped", "reason": "needs sm100", "backend": {"name": "x"}})
     assert skipped["samples_s"] == [] and skipped["reason"] == "needs sm100" and skipped["gbps"] is None
 
 
@@ -107,8 +117,8 @@ def test_case_result_flattens_a_record():
 
 def test_load_plan_plans_in_a_subprocess_then_reads_the_cache(fake_root, monkeypatch):
     sel = cpu_selection()
-    fingerprint = suite.plan_fingerprint(sel)
-    plan = suite.load_plan(sel)
+    fingerprint = plan_cache.plan_fingerprint(sel)
+    plan = plan_cache.load_plan(sel)
     assert sorted(plan.kernels) == ["fake_ok", "fake_wrong"]
     assert plan.keys("fake_ok") == [
         f"fake_ok/input_layernorm/decode/T={t}|torch-ref"
@@ -121,34 +131,34 @@ def test_load_plan_plans_in_a_subprocess_then_reads_the_cache(fake_root, monkeyp
         raise AssertionError("the cached plan should have been used")
 
     # (pinned: dskbench's own sources are part of the fingerprint, and may be edited meanwhile)
-    monkeypatch.setattr(suite, "plan_fingerprint", lambda s: fingerprint)
+    monkeypatch.setattr(plan_cache, "plan_fingerprint", lambda s: fingerprint)
     monkeypatch.setattr(subprocess, "run", no_subprocess)
-    assert suite.load_plan(sel).to_json() == plan.to_json()
+    assert plan_cache.load_plan(sel).to_json() == plan.to_json()
     monkeypatch.undo()
 
 
 def test_plan_fingerprint_covers_selection_registry_and_extra_adapters(fake_root, monkeypatch):
     sel = cpu_selection()
-    before = suite.plan_fingerprint(sel)
+    before = plan_cache.plan_fingerprint(sel)
     write_registry(fake_root, {"fake_raise": "benchmark"})
-    after = suite.plan_fingerprint(sel)
+    after = plan_cache.plan_fingerprint(sel)
     assert after != before
-    assert suite.plan_fingerprint(cpu_selection(sweep="prefill")) != after
+    assert plan_cache.plan_fingerprint(cpu_selection(sweep="prefill")) != after
     monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", "")
-    assert suite.plan_fingerprint(sel) != after
+    assert plan_cache.plan_fingerprint(sel) != after
 
 
 def test_plan_all_backends_and_errors(fake_root):
     import tests.fake_adapters  # noqa: F401 - registers the fakes in this process too
 
-    plan = suite.make_plan(cpu_selection(kernels="fake_ok", all_backends=True))
+    plan = suite_plan.make_plan(cpu_selection(kernels="fake_ok", all_backends=True))
     assert {k.split("|")[1] for k in plan.keys("fake_ok")} == {"fake", "b200", "torch-ref"}
-    with pytest.raises(suite.SuiteError, match="unknown backend"):
-        suite.make_plan(cpu_selection(backends="nope"))
+    with pytest.raises(suite_config.SuiteError, match="unknown backend"):
+        suite_plan.make_plan(cpu_selection(backends="nope"))
     with pytest.raises(
-        suite.SuiteError, match="(?s)planning failed.*unknown kernel 'fake_okk'.*did you mean fake_ok"
+        suite_config.SuiteError, match="(?s)planning failed.*unknown kernel 'fake_okk'.*did you mean fake_ok"
     ):
-        suite.load_plan(cpu_selection(kernels="fake_okk"))
+        plan_cache.load_plan(cpu_selection(kernels="fake_okk"))
 
 
 # -- measuring -------------------------------------------------------------------------------------------
@@ -160,14 +170,14 @@ def test_measure_kernel_returns_plain_dicts_and_keeps_the_jsonl(fake_root, tmp_p
     import tests.fake_adapters  # noqa: F401
 
     sel = cpu_selection(kernels="fake_ok,fake_wrong", all_backends=True)
-    plan = suite.make_plan(sel)
+    plan = suite_plan.make_plan(sel)
     keys = {f"fake_ok/input_layernorm/decode/T=16|{b}" for b in ("fake", "b200")}
     items = plan.items("fake_ok", keys) + plan.items(
         "fake_wrong", {"fake_wrong/input_layernorm/decode/T=1|fake"}
     )
-    out = suite.measure_kernel("fake_ok", items, sel, keep_dir=tmp_path / "kept")
+    out = measure.measure_kernel("fake_ok", items, sel, keep_dir=tmp_path / "kept")
     cases = out["cases"]
-    assert set(cases) == {suite.item_key(i) for i in items}
+    assert set(cases) == {suite_plan.item_key(i) for i in items}
     ok = cases["fake_ok/input_layernorm/decode/T=16|fake"]
     assert ok["status"] == "ok" and ok["timing"]["method"] == "cpu-wall" and ok["samples_s"]
     assert ok["gbps"] == pytest.approx(ok["bytes"] / ok["median_s"] / 1e9)
@@ -183,7 +193,7 @@ def test_measure_kernel_returns_plain_dicts_and_keeps_the_jsonl(fake_root, tmp_p
 def test_child_env_puts_this_dskbench_first(monkeypatch):
     """Planner and workers import the same dskbench as the front end, installed or not."""
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    env = suite.child_env()
+    env = plan_cache.child_env()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
     assert "PYTHONPATH" not in os.environ
 
@@ -192,7 +202,7 @@ def test_child_env_puts_this_dskbench_first(monkeypatch):
 
 
 def test_replay_clock_yields_each_sample_exactly():
-    clock = suite.ReplayClock()
+    clock = ReplayClock()
     clock.load([3e-6, 1e-6])
     got = []
     for _ in range(2):  # what pytest-benchmark's runner does per round
@@ -217,23 +227,23 @@ def test_replay_feeds_pytest_benchmark_statistics(tmp_path):
             """
             import time
             import pytest
-            from dskbench.frontends import suite
+            from dskbench.frontends.pytest_bench.replay import REPLAY_CLOCK, replay
 
-            @pytest.mark.benchmark(timer=suite.REPLAY_CLOCK)
+            @pytest.mark.benchmark(timer=REPLAY_CLOCK)
             def test_it(benchmark):
                 benchmark.extra_info["bytes"] = 123
-                suite.replay(benchmark, [5e-6, 1e-6, 3e-6])
+                replay(benchmark, [5e-6, 1e-6, 3e-6])
 
             def test_needs_the_marker(benchmark):
                 with pytest.raises(RuntimeError, match="REPLAY_CLOCK"):
-                    suite.replay(benchmark, [1e-6])
+                    replay(benchmark, [1e-6])
                 benchmark(time.sleep, 0)
             """
         )
     )
     (tmp_path / "conftest.py").write_text(NO_CPUINFO)
     out = tmp_path / "b.json"
-    p = run_pytest(["test_replay.py", f"--benchmark-json={out}"], tmp_path, suite.child_env())
+    p = run_pytest(["test_replay.py", f"--benchmark-json={out}"], tmp_path, plan_cache.child_env())
     assert p.returncode == 0, p.stdout + p.stderr
     bench = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}["test_it"]
     assert bench["stats"]["data"] == [5e-6, 1e-6, 3e-6] and bench["stats"]["median"] == 3e-6

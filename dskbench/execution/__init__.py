@@ -3,6 +3,7 @@
 benchmarks (scripts/comm_bench.py, one process per GPU under torchrun) use its gating, hang limits,
 process kills and recorder.
 
+    config.py   what a run asks for: RunConfig (selection + SweepOptions), planned once for every front end
     items.py    what runs: WorkItem, SweepOptions, seeds, twins
     gate.py     whether a case can run on this device (the one gating chain)
     case.py     one case in its process: prepare, check, time; every failure an error record

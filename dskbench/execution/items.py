@@ -47,6 +47,9 @@ class WorkItem:
 
 @dataclass
 class SweepOptions:
+    """How a run measures: what its workers are told and what its results file records as `settings`
+    (which cases run is RunConfig's selection, dskbench.execution.config)."""
+
     device: str = "cuda"  # "cuda" or "cpu"
     phases: tuple[str, ...] = ("decode", "prefill")
     profile: str = "full"  # full | quick | cpu

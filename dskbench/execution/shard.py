@@ -49,6 +49,7 @@ from dskbench.execution.items import SweepOptions, WorkItem, dedupe_items, sweep
 from dskbench.execution.pool import Slot
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
 from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
+from dskbench.setup.visible import visible_devices
 
 PROBE_PREFIX = "PROBE "
 PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU
@@ -80,11 +81,11 @@ def visible_gpus(n: int, environ: Mapping[str, str] | None = None) -> list[str]:
     """The CUDA_VISIBLE_DEVICES value of each of the first n GPUs this process sees: the parent's own
     list when it has one (indices, UUIDs or MIG ids pass through), else 0..n-1."""
     environ = os.environ if environ is None else environ
-    raw = environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is None or not raw.strip():
+    tokens = visible_devices(environ)
+    if not tokens:
         return [str(i) for i in range(n)]
-    tokens = [t.strip() for t in raw.split(",") if t.strip()]
     if len(tokens) < n:
+        raw = environ.get("CUDA_VISIBLE_DEVICES")
         raise ShardError(f"--gpus {n}: CUDA_VISIBLE_DEVICES={raw!r} names {len(tokens)}")
     return tokens[:n]
 

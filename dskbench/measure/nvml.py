@@ -12,9 +12,10 @@ A busy SM clock under 75% of its maximum (nvbench's threshold) also counts.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
+
+from dskbench.setup.visible import visible_devices
 
 # NVML clock-event reason bits (nvml.h nvmlClocksEventReason*, formerly nvmlClocksThrottleReason*)
 REASON_BITS: dict[int, str] = {
@@ -88,7 +89,7 @@ def _handle(lib: Any, index: int) -> Any:
         except Exception:
             h = None
     if h is None:
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        visible = visible_devices() or []
         target = visible[index] if index < len(visible) else str(index)
         if target.isdigit():
             h = lib.nvmlDeviceGetHandleByIndex(int(target))

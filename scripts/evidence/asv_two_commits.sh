@@ -44,7 +44,7 @@ clone() {  # clone COMMIT DIR: that commit's tree, with the history asv asks git
 kernel_args=()
 IFS=, read -ra kernels <<<"$DSKBENCH_ASV_KERNELS"
 for k in "${kernels[@]}"; do kernel_args+=(--kernel "$k"); done
-machine="$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$python" -m dskbench.frontends.asv_machine)" || exit 1
+machine="$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$python" -m dskbench.frontends.asv.machine)" || exit 1
 echo "machine: $machine" >>"$log"
 for commit in "$old" "$new"; do
     dir="$work/$commit"
@@ -66,7 +66,7 @@ t0=$(date +%s.%N)
     --sweep "$DSKBENCH_ASV_SWEEP" "${kernel_args[@]}" --out "$dest/same-as-asv.jsonl" >>"$log" 2>&1)
 echo "dskbench run (same cases) rc=$? wall_s=$("$python" -c "print(round($(date +%s.%N) - $t0, 1))")" | tee -a "$log"
 (cd "$work/$new" && "$python" -m asv publish >>"$log" 2>&1 \
-    && PYTHONPATH="$work/$new" "$python" -m dskbench.frontends.asv_offline results/asv-html >>"$log" 2>&1 \
+    && PYTHONPATH="$root" "$python" -m dskbench.frontends.asv.offline results/asv-html >>"$log" 2>&1 \
     && rm -rf "$dest/asv-html" && cp -r results/asv-html "$dest/")
 echo "asv publish rc=$?" | tee -a "$log"
 exit 0

@@ -6,7 +6,7 @@ GPU swapped in a box, would land in one series. Here the name is ``<gpu>_<host>`
 ``nvidia-h100-80gb-hbm3_node7``) and the entry carries the GPU, driver and CUDA versions, which
 asv shows as filterable parameters.
 
-    asv run --machine "$(python -m dskbench.frontends.asv_machine)" -E existing:python3 --set-commit-hash "$(git rev-parse HEAD)"
+    asv run --machine "$(python -m dskbench.frontends.asv.machine)" -E existing:python3 --set-commit-hash "$(git rev-parse HEAD)"
 
 The command prints only the machine name on stdout (what it wrote goes to stderr). Other entries in
 the file are kept.
@@ -40,14 +40,14 @@ def _nvml() -> Any:
 
 def _visible(lib: Any) -> list[Any]:
     """NVML handles of the GPUs CUDA would use, in CUDA's order (CUDA_VISIBLE_DEVICES honoured)."""
+    from dskbench.setup.visible import visible_devices
+
     count = int(lib.nvmlDeviceGetCount())
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is None:
+    tokens = visible_devices()
+    if tokens is None:
         return [lib.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     handles = []
-    for tok in (t.strip() for t in env.split(",")):
-        if not tok:
-            break
+    for tok in tokens:
         if tok.isdigit():
             if int(tok) >= count:
                 break  # CUDA stops at the first invalid entry
@@ -152,7 +152,7 @@ def write_machine_file(info: dict[str, Any], path: Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None, lib: Any = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m dskbench.frontends.asv_machine", description=__doc__.split("\n")[0]
+        prog="python -m dskbench.frontends.asv.machine", description=__doc__.split("\n")[0]
     )
     p.add_argument("--path", type=Path, help="machine file (default ~/.asv-machine.json)")
     p.add_argument("--host", help="host part of the name (default: this host)")

@@ -1,0 +1,33 @@
+"""What benchmarks/bench_kernels.py needs beyond the shared plan and measurements: the suite's version,
+asv's time limit for a kernel's setup_cache, and where the measured JSON lines are kept."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from dskbench.execution.config import RunConfig
+from dskbench.frontends.suite.measure import slug
+
+# Bump when what a sample means changes: asv then drops older results of the benchmark
+# (their `version` differs) instead of drawing a false step in the graphs.
+SUITE_VERSION = "1"
+
+
+def setup_cache_timeout(n_items: int, config: RunConfig) -> float:
+    """asv's limit on one kernel's setup_cache: generous, since first calls JIT-compile (20 s seen)."""
+    per = 5.0 if config.device == "cpu" else (15.0 if config.profile == "quick" else 40.0)
+    if config.options.budget_s is not None:
+        per = max(per, 3 * config.options.budget_s + 5)
+    return 180.0 + per * n_items
+
+
+def asv_jsonl_dir(checkout: Path) -> Path:
+    """Where the asv suite keeps each setup_cache's JSON lines: <root>/results/asv-jsonl/<host>/, next
+    to asv's results/asv. <root> is ASV_CONF_DIR (the folder asv ran from; asv sets it for managed
+    environments only), else `checkout`, the folder holding benchmarks/; DSKBENCH_ASV_JSONL_DIR wins."""
+    if os.environ.get("DSKBENCH_ASV_JSONL_DIR"):
+        return Path(os.environ["DSKBENCH_ASV_JSONL_DIR"])
+    root = Path(os.environ.get("ASV_CONF_DIR") or checkout)
+    return root / "results" / "asv-jsonl" / slug(socket.gethostname())

@@ -1,0 +1,101 @@
+"""Argument types and the parser class the commands share: one-line errors, the same checks everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from dskbench.frontends.cli.common import EXIT_USAGE
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (`dskbench: argument --tp: ...`) instead of usage + error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"dskbench: {message} (see `{self.prog} --help`)\n")
+
+
+def case_timeout(s: str) -> float:
+    from dskbench.execution.limits import LimitError, parse_timeout
+
+    try:
+        return parse_timeout(s, "--case-timeout")
+    except LimitError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--case-timeout: ")) from None
+
+
+def positive_int(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return n
+
+
+def positive_ints(s: str) -> tuple[int, ...]:
+    """`1,4,8`: comma-separated positive integers, each once."""
+    try:
+        values = [int(x) for x in s.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {s!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def seed(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return n
+
+
+def seconds(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {s!r}")
+    return x
+
+
+def gpus(s: str) -> str:
+    """'all' or a count (checked against the GPUs visible when the command runs)."""
+    if s.strip().lower() != "all":
+        try:
+            positive_int(s)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected 'all' or a number of GPUs, got {s!r}") from None
+    return s
+
+
+def point(s: str) -> dict[str, int]:
+    from dskbench.execution.selection import parse_point
+
+    try:
+        return parse_point(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_selection(p: argparse.ArgumentParser) -> None:
+    """--op and --point: the filters a record's repro command selects its one case with."""
+    p.add_argument(
+        "--op",
+        action="append",
+        metavar="OP[:VARIANT]",
+        help="only cases of this op (a variant after ':', as in case ids; repeatable)",
+    )
+    p.add_argument(
+        "--point",
+        action="append",
+        type=point,
+        metavar="K=V[,K=V]",
+        help="only cases at this sweep point, e.g. B=64 or B=1,kv_len=1024,tp=1 (repeatable)",
+    )

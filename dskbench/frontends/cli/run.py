@@ -1,0 +1,238 @@
+"""`dskbench run`: check and time kernels over a sweep, results as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dskbench import paths
+from dskbench.frontends.cli import args as types
+from dskbench.frontends.cli import common
+from dskbench.frontends.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, SWEEPS, Terminated, UsageError
+from dskbench.frontends.cli.plan import plan
+
+if TYPE_CHECKING:
+    from dskbench.execution.config import RunConfig
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="check and time kernels over a sweep; results as JSON lines")
+    run.add_argument("--kernel", action="append", help="kernel name (repeatable; default: all)")
+    run.add_argument(
+        "--backend", action="append", help="backend name (repeatable; default: all but torch-ref)"
+    )
+    run.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
+    run.add_argument(
+        "--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references"
+    )
+    run.add_argument("--out", type=Path, help="results file (default: results/<run>.jsonl)")
+    run.add_argument("--quick", action="store_true", help="fewer sweep points and a shorter time budget")
+    run.add_argument(
+        "--tp",
+        type=types.positive_ints,
+        default=(1,),
+        help="tensor-parallel degrees the shapes file sweeps, e.g. 1,4,8 (default 1)",
+    )
+    run.add_argument(
+        "--mode", choices=("cold", "hot", "rotate"), default="cold", help="L2 state (default cold)"
+    )
+    run.add_argument(
+        "--flush",
+        choices=("write", "read"),
+        default="write",
+        help="how cold mode flushes L2: zero_ a 2xL2 buffer (default) or read it (experiment)",
+    )
+    run.add_argument(
+        "--no-dedupe",
+        action="store_true",
+        help="measure every op's case, also where another op has the same kernel, backend and shape",
+    )
+    run.add_argument(
+        "--seed", type=types.seed, help="input seed, 0 or more (default: fresh inputs every run)"
+    )
+    run.add_argument("--budget", type=types.seconds, help="time budget per case, seconds (> 0)")
+    run.add_argument(
+        "--no-isolate",
+        action="store_true",
+        help="run in this process (debugging: no crash isolation, no hang watch)",
+    )
+    run.add_argument(
+        "--case-timeout",
+        type=types.case_timeout,
+        metavar="S",
+        help="kill a case's worker after S seconds without its result, plus 120 s on a kernel's first use "
+        "(0 = never; default: scaled from the case's expected time; env DSKBENCH_CASE_TIMEOUT_S)",
+    )
+    run.add_argument(
+        "--gpus",
+        type=types.gpus,
+        help="shard the cases over this host's GPUs, one worker per GPU: 'all' or a count (default: one GPU)",
+    )
+    run.add_argument(
+        "--costs-from",
+        action="append",
+        type=Path,
+        help="with --gpus: cut the shards by each case's time in these earlier results (repeatable)",
+    )
+    run.add_argument(
+        "--no-multicast",
+        action="store_true",
+        help="switch NVLink multicast (NCCL NVLS, symmetric-memory multicast) off in the workers, e.g. on "
+        "GPUs shared with other tenants; recorded in the environment (env DSKBENCH_NO_MULTICAST=1)",
+    )
+    types.add_selection(run)
+    run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    run.add_argument(
+        "--allow-drift",
+        action="store_true",
+        help="run even where the registry differs from what traces/ give (registry generate --check)",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the cases --out already holds a record for, errors included (appends a run; needs --out)",
+    )
+    run.add_argument(
+        "--retry-errors",
+        action="store_true",
+        help="with --resume: run again the cases whose last record is an error (a crash, a time-out)",
+    )
+    run.add_argument(
+        "--allow-mixed-settings",
+        action="store_true",
+        help="with --resume: add to a file measured with other settings (sweep, tp, mode, flush, seed, ...)",
+    )
+
+
+def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
+    """The run configuration `dskbench run`'s flags ask for."""
+    from dskbench.execution.config import RunConfig
+    from dskbench.execution.items import SweepOptions
+    from dskbench.results.environment import no_multicast_asked
+
+    options = SweepOptions(
+        device=device,
+        phases=tuple(common.sweeps(args.sweep)),
+        profile="cpu" if device == "cpu" else ("quick" if args.quick else "full"),
+        tp=args.tp,
+        mode=args.mode,
+        flush=args.flush,
+        dedupe=not args.no_dedupe,
+        seed=args.seed,
+        isolate=not args.no_isolate,
+        budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
+        gpus=gpus,
+        costs_from=tuple(str(p) for p in args.costs_from or ()),
+        case_timeout_s=args.case_timeout,
+        no_multicast=args.no_multicast or no_multicast_asked(),
+    )
+    return RunConfig(
+        options=options,
+        kernels=tuple(args.kernel or ()),
+        backends=tuple(args.backend or ()),
+        ops=tuple(args.op or ()),
+        points=tuple(args.point or ()),
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    from dskbench.execution.runner import run_sweep
+    from dskbench.frontends.cli.resume import open_out
+    from dskbench.results.environment import NO_MULTICAST_ENV
+
+    for flag in ("retry_errors", "allow_mixed_settings"):
+        if getattr(args, flag) and not args.resume:
+            print(f"dskbench: --{flag.replace('_', '-')} applies only with --resume", file=sys.stderr)
+            return EXIT_USAGE
+    if args.resume and args.out is None:
+        print("dskbench: --resume needs --out FILE, the results file to continue", file=sys.stderr)
+        return EXIT_USAGE
+    device, note = common.device_choice(args.device)
+    if note:
+        print(note, file=sys.stderr)
+    gpus = 1
+    if args.gpus is not None:
+        from dskbench.execution.shard import ShardError, parse_gpus
+
+        if args.no_isolate:
+            print(
+                "dskbench: --gpus runs one worker process per GPU; it cannot be --no-isolate", file=sys.stderr
+            )
+            return EXIT_USAGE
+        try:
+            gpus = parse_gpus(args.gpus, common.visible_gpu_count(device))
+        except ShardError as e:
+            print(f"dskbench: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    config = run_config(args, device, gpus)
+    opts = config.options
+    if opts.no_multicast and not opts.isolate:  # --no-isolate: this process is the worker
+        os.environ.update(NO_MULTICAST_ENV)
+    for p in opts.costs_from:
+        if not Path(p).exists():
+            print(f"dskbench: --costs-from {p}: no such file", file=sys.stderr)
+            return EXIT_USAGE
+    registry, shapes = common.registry_and_shapes()
+    if not args.allow_drift:
+        from dskbench.registry.load import drift_message
+
+        if drift := drift_message():
+            raise UsageError(drift)
+    items, skips = plan(config, registry, shapes)
+    out = args.out or paths.RESULTS_DIR / f"run-{device}-{common.stamp()}.jsonl"
+    from dskbench.results.io import ResultsError
+
+    try:
+        items, skips = open_out(out, args, opts, items, skips)
+    except ResultsError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        for it in items:
+            print(f"{it.case_id}  {it.backend}")
+        for s in skips:
+            print(f"{s['kernel']}  skipped: {s['reason']}")
+        print(f"{len(items)} cases to run, {len(skips)} kernels skipped at planning")
+        if gpus > 1:
+            from dskbench.execution.shard import print_shards
+
+            print_shards(items, opts)
+        return EXIT_OK
+    where = f"{gpus} GPUs" if gpus > 1 else device
+    print(
+        f"{len(items)} cases on {where} ({opts.profile} sweep {', '.join(opts.phases)}) -> {out}",
+        file=sys.stderr,
+    )
+    from dskbench.execution.progress import Progress
+
+    progress = Progress(len(items))
+    try:
+        summary = run_sweep(items, skips, opts, out, progress=progress)
+    except KeyboardInterrupt as e:
+        from dskbench.execution.sweep import interrupted_message
+
+        progress.close()
+        print(interrupted_message(out, "SIGTERM" if isinstance(e, Terminated) else "SIGINT"), file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        progress.close()
+    print_table(out)
+    print(summary.line())
+    return EXIT_FAIL if summary.counts["wrong"] or summary.counts["error"] else EXIT_OK
+
+
+def print_table(out: Path) -> None:
+    """The end-of-run table of this run (the file's last) on stdout."""
+    from dskbench.report.run_table import run_table
+    from dskbench.results.io import ResultsError, read_runs
+
+    try:
+        runs = read_runs([out])
+    except ResultsError as e:
+        print(f"dskbench: no end-of-run table: {e}", file=sys.stderr)
+        return
+    if runs and (table := run_table(runs[-1].results)):
+        print(table)

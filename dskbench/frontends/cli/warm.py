@@ -1,0 +1,84 @@
+"""`dskbench warm`: build every JIT module a sweep needs, many at once, before timing anything."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dskbench.frontends.cli import args as types
+from dskbench.frontends.cli import common
+from dskbench.frontends.cli.common import EXIT_OK, EXIT_USAGE, SWEEPS
+from dskbench.frontends.cli.plan import plan
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    wm = sub.add_parser(
+        "warm",
+        help="build every JIT module a sweep needs, many at once, before timing anything (fresh GPU box)",
+    )
+    wm.add_argument("--kernel", action="append", help="kernel name (repeatable; default: all)")
+    wm.add_argument(
+        "--backend", action="append", help="backend name (repeatable; default: all but torch-ref)"
+    )
+    wm.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
+    wm.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
+    wm.add_argument(
+        "--tp", type=types.positive_ints, default=(1,), help="tensor-parallel degrees (default 1)"
+    )
+    types.add_selection(wm)
+    wm.add_argument(
+        "--case-timeout",
+        type=types.case_timeout,
+        metavar="S",
+        help="kill a build's worker after S seconds without its result (0 = never; default: scaled)",
+    )
+    wm.add_argument(
+        "--jobs",
+        type=types.positive_int,
+        help="builds at once (default: a quarter of the CPU cores, at most 16)",
+    )
+    wm.add_argument(
+        "--gpus", type=types.gpus, help="spread the builds' processes over this host's GPUs: 'all' or a count"
+    )
+    wm.add_argument("--out", type=Path, help="JSON file: each build's status and seconds")
+
+
+def command(args: argparse.Namespace) -> int:
+    from dskbench.execution.config import RunConfig
+    from dskbench.execution.items import SweepOptions
+    from dskbench.execution.warm import default_jobs, warm
+
+    device, note = common.device_choice(args.device)
+    if note:
+        print(note, file=sys.stderr)
+    tokens = None
+    if args.gpus is not None:
+        from dskbench.execution.shard import ShardError, parse_gpus, visible_gpus
+
+        try:
+            n = parse_gpus(args.gpus, common.visible_gpu_count(device))
+            tokens = visible_gpus(n)
+        except ShardError as e:
+            print(f"dskbench: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    options = SweepOptions(
+        device=device,
+        phases=tuple(common.sweeps(args.sweep)),
+        profile="cpu" if device == "cpu" else "full",
+        tp=args.tp,
+        seed=0,
+        measure_ceilings=False,
+        case_timeout_s=args.case_timeout,
+    )
+    config = RunConfig(
+        options=options,
+        kernels=tuple(args.kernel or ()),
+        backends=tuple(args.backend or ()),
+        ops=tuple(args.op or ()),
+        points=tuple(args.point or ()),
+    )
+    registry, shapes = common.registry_and_shapes()
+    items, _skips = plan(config, registry, shapes)
+    warm(items, options, args.jobs or default_jobs(), tokens, args.out)
+    return EXIT_OK
