@@ -11,7 +11,7 @@ from typing import Any
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
-from dskbench.execution.gate import skip_reason
+from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
 from dskbench.shapes.cases import Case
 
@@ -84,7 +84,7 @@ def prepare_case(
         "seed": seed,
         "backend": backend_block(backend),
     }
-    reason = skip_reason(adapter, backend, case, device)
+    reason = why_not(adapter, backend, case, device)  # the plan's rule, asked again where the case runs
     if reason:
         return {**base, "status": "skipped", "reason": reason}, None
     try:
@@ -100,9 +100,6 @@ def prepare_case(
         "note": traffic.note,
     }
     dev = "cuda" if device.kind == "cuda" else "cpu"
-    too_big = _memory_shortfall(traffic.bytes, dev)
-    if too_big:
-        return {**base, "status": "skipped", "reason": too_big}, None
     stages: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -213,17 +210,6 @@ def _l2_bytes(dev: str) -> int:
     import torch
 
     return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20))
-
-
-def _memory_shortfall(needed: int, dev: str) -> str | None:
-    if dev != "cuda":
-        return None
-    import torch
-
-    free, _total = torch.cuda.mem_get_info()
-    if needed > 0.85 * free:
-        return f"needs at least {needed / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB free"
-    return None
 
 
 def _sync(dev: str) -> None:
