@@ -342,7 +342,8 @@ def calibrate_launch_gap(
     `ops`: (name, launchers) to calibrate on instead of the built-in small elementwise ops."""
     import torch
 
-    from dskbench.measure.core import MODES, measure
+    from dskbench.measure.core import measure
+    from dskbench.measure.sampling import MODES
     from dskbench.measure.cuda import flush_buffer, l2_bytes
 
     t0 = time.perf_counter()
