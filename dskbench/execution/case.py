@@ -187,6 +187,8 @@ def measure_settings(opts: SweepOptions) -> Any:
         settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
     if opts.flush != settings.flush_kind:
         settings = dataclasses.replace(settings, flush_kind=opts.flush)
+    if opts.stopping != settings.stopping:
+        settings = dataclasses.replace(settings, stopping=opts.stopping)
     return settings
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dskbench import paths
+from dskbench.measure.stopping import DEFAULT as DEFAULT_STOPPING
+from dskbench.measure.stopping import POLICIES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_PIPE = 141  # stdout's reader went away (`dskbench list | head`): what a shell reports for SIGPIPE
@@ -195,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--seed", type=_seed, help="input seed, 0 or more (default: fresh inputs every run)")
     run.add_argument("--budget", type=_seconds, help="time budget per case, seconds (> 0)")
+    run.add_argument(
+        "--stopping",
+        choices=tuple(POLICIES),
+        default=DEFAULT_STOPPING,
+        help="when a case's sampling stops: the median's 95%% CI within the noise target (default), the "
+        "samples' CV within it (nvbench's stdrel), or a fixed number of samples",
+    )
     run.add_argument(
         "--no-isolate",
         action="store_true",
@@ -597,6 +606,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tp=args.tp,
         mode=args.mode,
         flush=args.flush,
+        stopping=args.stopping,
         dedupe=not args.no_dedupe,
         seed=args.seed,
         isolate=not args.no_isolate,
