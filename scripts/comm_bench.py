@@ -231,7 +231,9 @@ def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
         if args.backend:
             backends = [b for b in backends if b.name in args.backend]
         cases = [
-            c for c in comm_cases(shapes, kernel, world, phases, profile, args.tokens) if applicable(adapter, c)
+            c
+            for c in comm_cases(shapes, kernel, world, phases, profile, args.tokens)
+            if applicable(adapter, c)
         ]
         plans.append(Plan(kernel, backends, cases))
     unknown = sorted(set(args.backend or ()) - known)

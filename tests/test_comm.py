@@ -663,9 +663,7 @@ def test_the_gating_chain_lets_a_process_group_run_its_collective():
     assert why_not(adapter, nccl, case, DeviceInfo("cpu"), ranks=4) is None  # gloo ranks
     assert why_not(adapter, nccl, case, DeviceInfo("cpu"), ranks=2) == "needs 4 GPUs (found 0)"
     sgl = {b.name: b for b in adapter.backends}["sgl_kernel"]
-    assert (
-        why_not(adapter, sgl, case, DeviceInfo("cpu"), ranks=4) == "needs a CUDA GPU (found no CUDA GPU)"
-    )
+    assert why_not(adapter, sgl, case, DeviceInfo("cpu"), ranks=4) == "needs a CUDA GPU (found no CUDA GPU)"
 
 
 # A stand-in for torchrun: it starts a "rank" in a session of its own (as torchrun does) and a helper in

@@ -343,8 +343,8 @@ def calibrate_launch_gap(
     import torch
 
     from dskbench.measure.core import measure
-    from dskbench.measure.sampling import MODES
     from dskbench.measure.cuda import flush_buffer, l2_bytes
+    from dskbench.measure.sampling import MODES
 
     t0 = time.perf_counter()
     s = (settings or CAL_SETTINGS).with_(launch_gap_us=None)

@@ -25,7 +25,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dskbench.measure.sampling import CaptureFailed, assemble, gap_for, launches_for, make_stopper, subtract_gap
+from dskbench.measure.sampling import (
+    CaptureFailed,
+    assemble,
+    gap_for,
+    launches_for,
+    make_stopper,
+    subtract_gap,
+)
 from dskbench.measure.settings import Measurement, MeasureSettings
 from dskbench.measure.stopping import Stopper
 
