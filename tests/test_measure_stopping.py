@@ -8,7 +8,7 @@ import random
 import pytest
 
 from dskbench.measure import MeasureSettings, measure
-from dskbench.measure.sampling import make_stopper
+from dskbench.measure.sampling import drive, make_stopper
 from dskbench.measure.stopping import POLICIES, FixedStopper, StdRelStopper, Stopper, stopper_for
 
 
@@ -81,3 +81,16 @@ def test_each_result_records_its_stopping_policy():
     fixed = measure([lambda: None], device="cpu", mode="hot", settings=quick.with_(stopping="fixed"))
     assert fixed.n_samples == 10 and fixed.stopping == {"name": "fixed", "n": 10}
     assert fixed.to_dict()["stopping"] == {"name": "fixed", "n": 10}
+
+
+def test_a_cut_batch_keeps_the_raw_samples_in_step():
+    class Timer:
+        method, batch_gpu_us = "cuda-graph", 0.0
+
+        def batch(self, busy):
+            return [2.0] * 7
+
+    raw: list[float] = []
+    settings = MeasureSettings(stopping="fixed", min_samples=10, cooldown=0.0)
+    st = drive(Timer(), settings, gap_us=0.5, raw=raw)
+    assert st.samples == [1.5] * 10 and raw == [2.0] * 10

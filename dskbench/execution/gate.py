@@ -1,6 +1,8 @@
-"""Whether a case runs here: one rule, asked while planning and from planning-time facts only (the
-DeviceInfo, the adapter, the backend, the case), so the planner, its cost model, the case's execution
-and scripts/comm_bench.py all give the same answer.
+"""Whether a case runs here: one rule, decided from planning-time facts only (the DeviceInfo detected
+once per process, the adapter, the backend, the case; no live query of the GPU), so every caller gives
+the same answer: the planner's cost model (a case to skip costs nothing), the case's execution (asked
+first, before anything is resolved or built: a skipped case's record is written from it) and
+scripts/comm_bench.py (with its process group's `ranks`).
 
 Two questions, kept apart on purpose:
 
@@ -12,7 +14,7 @@ Two questions, kept apart on purpose:
 
 `why_not` checks, first reason wins: the backend's requirement (CUDA, capability windows, GPU count),
 the GPUs the case needs, the adapter's and the backend's own per-case reasons, and whether the case's
-minimum traffic fits the GPU's memory.
+minimum traffic fits the GPU's memory (MEMORY_SHARE of its total, DeviceInfo.memory_bytes).
 """
 
 from __future__ import annotations

@@ -25,14 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dskbench.measure.sampling import (
-    CaptureFailed,
-    assemble,
-    gap_for,
-    launches_for,
-    make_stopper,
-    subtract_gap,
-)
+from dskbench.measure.sampling import CaptureFailed, assemble, gap_for, launches_for, make_stopper, take
 from dskbench.measure.settings import Measurement, MeasureSettings
 from dskbench.measure.stopping import Stopper
 
@@ -106,9 +99,7 @@ def drive_collective(
     while True:
         batch = timer.batch(busy)
         if not stopper.stopped:
-            if raw is not None:
-                raw.extend(batch)
-            stopper.add(subtract_gap(batch, gap_us))
+            take(stopper, batch, gap_us, raw)
         if agree.all(stopper.stopped):
             break
         if settings.cooldown > 0 and timer.batch_gpu_us > 0:

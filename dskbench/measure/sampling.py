@@ -109,6 +109,16 @@ def make_stopper(settings: MeasureSettings, now: Callable[[], float] = time.perf
     )
 
 
+def take(stopper: Stopper, batch: Sequence[float], gap_us: float | None, raw: list[float] | None) -> bool:
+    """Give the stopper a batch, less the launch gap; the uncorrected samples it kept (a policy may cut
+    a batch: fixed) go to `raw`. True once sampling should stop."""
+    before = len(stopper.samples)
+    done = stopper.add(subtract_gap(batch, gap_us))
+    if raw is not None:
+        raw.extend(batch[: len(stopper.samples) - before])
+    return done
+
+
 def drive(
     timer: Timer,
     settings: MeasureSettings,
@@ -125,9 +135,7 @@ def drive(
     stopper = make_stopper(settings, now)
     while True:
         batch = timer.batch(busy)
-        if raw is not None:
-            raw.extend(batch)
-        if stopper.add(subtract_gap(batch, gap_us)):
+        if take(stopper, batch, gap_us, raw):
             break
         if settings.cooldown > 0 and timer.batch_gpu_us > 0:
             sleep(settings.cooldown * timer.batch_gpu_us * 1e-6)
