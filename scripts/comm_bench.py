@@ -17,7 +17,7 @@ with the slowest rank's timing (a collective ends when its last rank does), ever
 algorithm and bus bandwidth (busbw = 2(n-1)/n x T x H x 2 bytes / t, nccl-tests' convention).
 
 The execution engine (dskbench/execution/) supplies the pieces a process group can share with a
-sweep: the gating chain (gate.skip_reason), the hang limits' parsing (limits: --case-timeout,
+sweep: the gating rule (gate.why_not), the hang limits' parsing (limits: --case-timeout,
 --setup-timeout, DSKBENCH_CASE_TIMEOUT_S), rank 0's results file, environment record and Recorder
 (sweep.recording), a dead process's reason (process.death_reason) and the kill of a process group.
 
@@ -218,6 +218,7 @@ def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
     """(kernel, backends, cases) for this world size; raises ValueError on an unknown backend."""
     from dskbench.adapters import get_adapter
     from dskbench.adapters.comm.allreduce import comm_cases
+    from dskbench.execution.gate import applicable
     from dskbench.shapes.cases import default_shapes
 
     shapes = default_shapes()
@@ -231,7 +232,9 @@ def make_plan(args: argparse.Namespace, world: int) -> list[Plan]:
         if args.backend:
             backends = [b for b in backends if b.name in args.backend]
         cases = [
-            c for c in comm_cases(shapes, kernel, world, phases, profile, args.tokens) if adapter.applies(c)
+            c
+            for c in comm_cases(shapes, kernel, world, phases, profile, args.tokens)
+            if applicable(adapter, c)
         ]
         plans.append(Plan(kernel, backends, cases))
     unknown = sorted(set(args.backend or ()) - known)
@@ -612,7 +615,7 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
     from dskbench.adapters.comm.rank import RankContext
     from dskbench.adapters.comm.setups import RANK_SETUPS
     from dskbench.execution.case import backend_block
-    from dskbench.execution.gate import skip_reason
+    from dskbench.execution.gate import why_not
     from dskbench.execution.items import SweepOptions, sweep_seed
     from dskbench.execution.sweep import SweepSummary, recording
     from dskbench.measure.collective import Agreement
@@ -694,8 +697,8 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
                 for item, _case in pairs:
                     emit(item, block, {"status": "error", "reason": f"not run: {poisoned}"[:2000]})
                 continue
-            # the engine's gating chain, rank 0's answer for all (one answer keeps the ranks in step)
-            gated = agree.gather([skip_reason(adapter, backend, c, info, ranks=world) for _i, c in pairs])[0]
+            # the engine's gating rule, rank 0's answer for all (one answer keeps the ranks in step)
+            gated = agree.gather([why_not(adapter, backend, c, info, ranks=world) for _i, c in pairs])[0]
             runnable = [pair for pair, gate in zip(pairs, gated, strict=True) if not gate]
             setup, why, reasons = None, None, []
             if runnable:

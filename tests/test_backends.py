@@ -96,6 +96,23 @@ def test_gating_messages():
     assert Requirement(gpus=8).reason_unmet(B200) is None
     assert Requirement().reason_unmet(CPU) == "needs a CUDA GPU (found no CUDA GPU)"
     assert Requirement(cuda=False).reason_unmet(CPU) is None
+    assert SM100.reason_unmet(CPU) == "needs sm100 (found no CUDA GPU)"  # the first window, as before
+    assert Requirement(min_sm=90).reason_unmet(CPU) == "needs sm90+ (found no CUDA GPU)"
+
+
+def test_requirements_are_or_sets_of_capability_windows():
+    either = Requirement(windows=((90, 90), (100, 103)))
+    assert either.allows(90) and either.allows(101) and either.allows(103)
+    assert not either.allows(89) and not either.allows(95) and not either.allows(120)
+    assert either.reason_unmet(DeviceInfo("cuda", "RTX", 120, 1)) == "needs sm90/sm100-103 (found sm120)"
+    assert either.reason_unmet(B200) is None
+    # the shorthands become windows: an exact list is one window per capability, min_sm an open one
+    assert SM100.windows == ((100, 100), (103, 103)) and not SM100.allows(101)
+    assert Requirement(min_sm=89).windows == ((89, None),) and Requirement(min_sm=89).allows(121)
+    assert Requirement(sm=(90, 100), min_sm=100).windows == ((100, 100),)
+    assert Requirement().windows == () and Requirement().allows(75)
+    with pytest.raises(ValueError, match="no capability"):
+        Requirement(sm=(90,), min_sm=100)
 
 
 def test_unknown_kind_is_rejected():

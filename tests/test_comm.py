@@ -660,20 +660,18 @@ def test_comm_bench_limits_default_from_the_environment(monkeypatch):
 
 
 def test_the_gating_chain_lets_a_process_group_run_its_collective():
-    from dskbench.execution.gate import skip_reason
+    from dskbench.execution.gate import why_not
 
     case = _case("custom_all_reduce", 16, 4)
     adapter = CustomAllReduce()
     nccl = {b.name: b for b in adapter.backends}["nccl"]
     four = DeviceInfo("cuda", "NVIDIA H200", 90, 4)
-    assert "torchrun --nproc-per-node 4" in skip_reason(adapter, nccl, case, four)  # the sweep's worker
-    assert skip_reason(adapter, nccl, case, four, ranks=4) is None  # comm_bench's four ranks
-    assert skip_reason(adapter, nccl, case, DeviceInfo("cpu"), ranks=4) is None  # gloo ranks
-    assert skip_reason(adapter, nccl, case, DeviceInfo("cpu"), ranks=2) == "needs 4 GPUs (found 0)"
+    assert "torchrun --nproc-per-node 4" in why_not(adapter, nccl, case, four)  # the sweep's worker
+    assert why_not(adapter, nccl, case, four, ranks=4) is None  # comm_bench's four ranks
+    assert why_not(adapter, nccl, case, DeviceInfo("cpu"), ranks=4) is None  # gloo ranks
+    assert why_not(adapter, nccl, case, DeviceInfo("cpu"), ranks=2) == "needs 4 GPUs (found 0)"
     sgl = {b.name: b for b in adapter.backends}["sgl_kernel"]
-    assert (
-        skip_reason(adapter, sgl, case, DeviceInfo("cpu"), ranks=4) == "needs a CUDA GPU (found no CUDA GPU)"
-    )
+    assert why_not(adapter, sgl, case, DeviceInfo("cpu"), ranks=4) == "needs a CUDA GPU (found no CUDA GPU)"
 
 
 # A stand-in for torchrun: it starts a "rank" in a session of its own (as torchrun does) and a helper in

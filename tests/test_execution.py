@@ -320,3 +320,14 @@ def test_a_build_in_any_workers_group_excuses_them_all(tmp_path):
         (proc / str(pid) / "stat").write_text(f"{pid} (x) S 1 {pgrp} {pgrp} 0\n")
     assert not compiling(100, str(proc))
     assert compiling({100, 200}, str(proc))
+
+
+def test_the_stopping_policy_reaches_the_measurement_and_the_repro_command():
+    from dskbench.execution.case import measure_settings
+    from dskbench.execution.selection import repro_command
+
+    assert measure_settings(SweepOptions(device="cpu")).stopping == "median-ci"
+    assert measure_settings(SweepOptions(device="cpu", stopping="fixed")).stopping == "fixed"
+    rec = {"kernel": "k", "backend": {"name": "b"}, "op": "o", "phase": "decode", "point": {"T": 1}}
+    assert "--stopping" not in repro_command(rec, {"device": "cpu"})
+    assert repro_command(rec, {"device": "cpu", "stopping": "stdrel"}).endswith("--stopping stdrel")

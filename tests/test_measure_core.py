@@ -7,7 +7,7 @@ import time
 import pytest
 
 from dskbench.measure import Measurement, MeasureSettings, measure
-from dskbench.measure.core import (
+from dskbench.measure.sampling import (
     CaptureFailed,
     assemble,
     drive,

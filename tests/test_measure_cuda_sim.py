@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dskbench.measure import MeasureSettings, cuda, measure  # noqa: E402
+from dskbench.measure import MeasureSettings, cuda, cuda_graph, cuda_timer, measure  # noqa: E402
 
 KERNEL_US = 3.0  # kernel time with L2 warm
 COLD_EXTRA_US = 1.5  # extra when L2 was just flushed
@@ -163,7 +163,7 @@ def sim(monkeypatch) -> Sim:
         return real_sum(x, *a, **kw)
 
     monkeypatch.setattr(torch, "sum", fake_sum)
-    monkeypatch.setattr(cuda, "_sleep_rate", {})
+    monkeypatch.setattr(cuda_timer, "_sleep_rate", {})
     monkeypatch.setattr(cuda, "time", FakeTime(s))
     monkeypatch.setattr(cuda.nvml, "read_clocks", lambda index=0, lib=None: None)
     return s
@@ -203,7 +203,7 @@ def test_graph_cold_excludes_the_flush(sim: Sim) -> None:
     assert m.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US, rel=0.05)
     assert m.flush_us == pytest.approx(FLUSH_US, rel=0.02)
     assert m.flush_bytes == 2 * (50 << 20)
-    assert m.launches_per_sample >= cuda.COLD_MIN_LAUNCHES
+    assert m.launches_per_sample >= cuda_graph.COLD_MIN_LAUNCHES
 
 
 @pytest.mark.parametrize("mode", ["hot", "cold"])
@@ -320,7 +320,7 @@ def test_calibration_pairs_each_op_and_mode_with_its_reference(sim: Sim, monkeyp
 
 
 def test_cold_samples_of_long_kernels_take_few_launches(sim: Sim, monkeypatch) -> None:
-    assert [cuda.cold_min_launches(us) for us in (3.0, 125.0, 200.0, 4500.0)] == [16, 16, 10, 1]
+    assert [cuda_graph.cold_min_launches(us) for us in (3.0, 125.0, 200.0, 4500.0)] == [16, 16, 10, 1]
     monkeypatch.setattr(sys.modules[__name__], "KERNEL_US", 3000.0)  # a ms-long attention or GEMM
     m = measure(launchers(sim, 1), mode="cold", settings=SETTINGS)
     assert m.launches_per_sample == 1  # 16 [flush, kernel] pairs would be 100 ms per sample

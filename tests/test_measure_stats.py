@@ -9,7 +9,8 @@ import statistics
 import numpy as np
 import pytest
 
-from dskbench.measure.stats import Stopper, median_ci, quantile, relative_noise, summarize
+from dskbench.measure.stats import median_ci, quantile, relative_noise, summarize
+from dskbench.measure.stopping import Stopper
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])
@@ -136,7 +137,7 @@ def test_converged_flag_honest_at_budget() -> None:
 def test_budget_never_ends_sampling_before_a_few_samples():
     """A kernel slower than the whole budget still gets a median (seen on an H200: 15 ms MoE cases
     under a 0.25 s budget came back with no samples)."""
-    from dskbench.measure.stats import Stopper
+    from dskbench.measure.stopping import Stopper
 
     clock = [0.0]
     s = Stopper(

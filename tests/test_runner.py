@@ -72,6 +72,7 @@ def test_statuses_ok_wrong_skipped(tmp_path, registry, isolate):
     ok = by[("fake_ok", "fake", 16)]
     assert ok["status"] == "ok" and ok["timing"]["median_us"] > 0 and ok["timing"]["method"] == "cpu-wall"
     assert ok["check"]["error"] < 1e-6
+    assert ok["timing"]["stopping"]["name"] == "median-ci"  # the policy and its parameters, recorded
     wrong = by[("fake_wrong", "fake", 16)]
     assert wrong["status"] == "wrong" and "relative error" in wrong["reason"] and "timing" not in wrong
     sk = by[("fake_ok", "b200", 16)]

@@ -22,27 +22,54 @@ class Unavailable(RuntimeError):
     """The backend's code is not in this install (module or attribute missing, import failed)."""
 
 
+Window = tuple[int, int | None]  # compute capabilities lo..hi inclusive; hi None: lo and newer
+
+
+def _window_label(w: Window) -> str:
+    lo, hi = w
+    if hi is None:
+        return f"sm{lo}+"
+    return f"sm{lo}" if lo == hi else f"sm{lo}-{hi}"
+
+
 @dataclass(frozen=True)
 class Requirement:
-    """What a backend needs from the machine. Compute capability is written major*10+minor (90, 100)."""
+    """What a backend needs from the machine: a CUDA GPU whose compute capability (major*10+minor: 90,
+    100) lies in any one of `windows` (none: any), and `gpus` of them. `sm=(100, 103)` (exactly these)
+    and `min_sm=90` (this and newer) are shorthands that become windows."""
 
     cuda: bool = True
     min_sm: int | None = None
     sm: tuple[int, ...] | None = None  # exact list, e.g. (100, 103) for tcgen05-only kernels
     gpus: int = 1
+    windows: tuple[Window, ...] = ()  # e.g. ((90, 90), (100, 103)): sm90, or sm100 to sm103
+
+    def __post_init__(self) -> None:
+        if self.windows or (self.sm is None and self.min_sm is None):
+            return
+        if self.sm is not None:
+            floor = self.min_sm or 0
+            wins: tuple[Window, ...] = tuple((s, s) for s in self.sm if s >= floor)
+            if not wins:
+                raise ValueError(f"no capability in sm={self.sm} is sm{floor} or newer")
+        else:
+            wins = ((self.min_sm or 0, None),)
+        object.__setattr__(self, "windows", wins)
+
+    def allows(self, sm: int) -> bool:
+        """Whether a GPU of compute capability `sm` lies in one of the windows."""
+        return not self.windows or any(lo <= sm and (hi is None or sm <= hi) for lo, hi in self.windows)
 
     def reason_unmet(self, device: DeviceInfo) -> str | None:
         """A `skipped: ...` reason, or None when the machine qualifies."""
         if not self.cuda:
             return None
         if device.kind != "cuda":
-            need = f"sm{self.sm[0]}" if self.sm else (f"sm{self.min_sm}+" if self.min_sm else "a CUDA GPU")
+            need = _window_label(self.windows[0]) if self.windows else "a CUDA GPU"
             return f"needs {need} (found no CUDA GPU)"
-        if self.sm is not None and device.sm not in self.sm:
-            want = "/".join(f"sm{s}" for s in self.sm)
+        if not self.allows(device.sm):
+            want = "/".join(_window_label(w) for w in self.windows)
             return f"needs {want} (found sm{device.sm})"
-        if self.min_sm is not None and device.sm < self.min_sm:
-            return f"needs sm{self.min_sm}+ (found sm{device.sm})"
         if self.gpus > device.count:
             return f"needs {self.gpus} GPUs (found {device.count})"
         return None
@@ -56,10 +83,13 @@ CPU_OK = Requirement(cuda=False)
 
 @dataclass(frozen=True)
 class DeviceInfo:
+    """The machine a sweep plans for: what gating (dskbench.execution.gate) compares requirements with."""
+
     kind: str  # "cuda" or "cpu"
     name: str = "cpu"
     sm: int = 0
     count: int = 0
+    memory_bytes: int | None = None  # one GPU's total memory; None: not checked (a CPU)
 
     @classmethod
     def detect(cls, want: str = "cuda") -> DeviceInfo:
@@ -72,7 +102,10 @@ class DeviceInfo:
         if not torch.cuda.is_available():
             return cls("cpu")
         major, minor = torch.cuda.get_device_capability()
-        return cls("cuda", torch.cuda.get_device_name(), major * 10 + minor, torch.cuda.device_count())
+        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return cls(
+            "cuda", torch.cuda.get_device_name(), major * 10 + minor, torch.cuda.device_count(), int(memory)
+        )
 
 
 # bind(fn, inputs, case) -> zero-argument launcher that runs the kernel once and returns its output.

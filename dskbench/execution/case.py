@@ -11,7 +11,7 @@ from typing import Any
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
-from dskbench.execution.gate import skip_reason
+from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
 from dskbench.results.records import BackendInfo, Check, Clocks, Identity, Metrics, Timing, Traffic
 from dskbench.shapes.cases import Case
@@ -69,7 +69,7 @@ def prepare_case(
     backend = backends[backend_name]
     ident = Identity(case.id, case.kernel, None, case.op, case.variant, case.phase, case.point, case.dims)
     base: dict[str, Any] = {**ident.to_json(), "seed": seed, "backend": backend_block(backend)}
-    reason = skip_reason(adapter, backend, case, device)
+    reason = why_not(adapter, backend, case, device)  # the plan's rule, asked again where the case runs
     if reason:
         return {**base, "status": "skipped", "reason": reason}, None
     try:
@@ -80,9 +80,6 @@ def prepare_case(
     traffic = adapter.traffic_for(backend.name, case)
     base["traffic"] = Traffic(traffic.bytes, traffic.flops, traffic.compute, traffic.note).to_json()
     dev = "cuda" if device.kind == "cuda" else "cpu"
-    too_big = _memory_shortfall(traffic.bytes, dev)
-    if too_big:
-        return {**base, "status": "skipped", "reason": too_big}, None
     stages: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -171,6 +168,8 @@ def measure_settings(opts: SweepOptions) -> Any:
         settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
     if opts.flush != settings.flush_kind:
         settings = dataclasses.replace(settings, flush_kind=opts.flush)
+    if opts.stopping != settings.stopping:
+        settings = dataclasses.replace(settings, stopping=opts.stopping)
     return settings
 
 
@@ -194,17 +193,6 @@ def _l2_bytes(dev: str) -> int:
     import torch
 
     return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20))
-
-
-def _memory_shortfall(needed: int, dev: str) -> str | None:
-    if dev != "cuda":
-        return None
-    import torch
-
-    free, _total = torch.cuda.mem_get_info()
-    if needed > 0.85 * free:
-        return f"needs at least {needed / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB free"
-    return None
 
 
 def _sync(dev: str) -> None:

@@ -4,7 +4,7 @@ its limits from. Only relative sizes matter for balance; the hang limit multipli
 from __future__ import annotations
 
 from dskbench.adapters.backends import DeviceInfo
-from dskbench.execution.gate import skip_reason
+from dskbench.execution.gate import why_not
 from dskbench.execution.items import WorkItem
 from dskbench.shapes.cases import Case
 
@@ -25,7 +25,7 @@ def item_cost(item: WorkItem, device: DeviceInfo, budget_s: float) -> float:
         return SKIP_COST_S
     case = Case.from_json(item.case)
     try:
-        skipped = skip_reason(adapter, backend, case, device)
+        skipped = why_not(adapter, backend, case, device)
         nbytes = adapter.traffic_for(item.backend, case).bytes
     except Exception:  # noqa: BLE001 - an estimate; the worker reports the real failure
         skipped, nbytes = None, 0

@@ -23,7 +23,7 @@ from dskbench.execution.case import (  # noqa: F401 - the public names of one ca
     run_one,
     timed_ceilings,
 )
-from dskbench.execution.gate import multi_gpu_reason  # noqa: F401
+from dskbench.execution.gate import applicable
 from dskbench.execution.items import (  # noqa: F401
     MODES,
     PlanError,
@@ -102,7 +102,7 @@ def plan_sweep(
             ops = list(adapter.ops)
         for phase in opts.phases:
             for case in shapes.cases(name, ops, adapter.role, phase, opts.profile, list(opts.tp)):
-                if not adapter.applies(case):
+                if not applicable(adapter, case):  # not a case of this kernel: no record
                     continue
                 for b in chosen:
                     items.append(WorkItem(len(items), name, b.name, case.to_json(), entry.category))

@@ -155,4 +155,6 @@ def repro_command(rec: Mapping[str, Any], settings: Mapping[str, Any] | None) ->
         args += ["--seed", str(seed)]
     if settings.get("budget_s") is not None:
         args += ["--budget", f"{settings['budget_s']:g}"]
+    if (settings.get("stopping") or "median-ci") != "median-ci":
+        args += ["--stopping", settings["stopping"]]
     return shlex.join(args)

@@ -5,10 +5,11 @@ Importing this package does not import torch or pynvml; they are loaded when a G
 
 from dskbench.measure.calibrate import calibrate_launch_gap, settings_with_gap
 from dskbench.measure.ceilings import measure_ceilings
-from dskbench.measure.core import CaptureFailed, measure
+from dskbench.measure.core import measure
 from dskbench.measure.metrics import metrics
 from dskbench.measure.nvml import gpu_identity, read_clocks
 from dskbench.measure.peaks import datasheet_peaks
+from dskbench.measure.sampling import CaptureFailed
 from dskbench.measure.settings import Measurement, MeasureSettings
 
 __all__ = [

@@ -342,8 +342,9 @@ def calibrate_launch_gap(
     `ops`: (name, launchers) to calibrate on instead of the built-in small elementwise ops."""
     import torch
 
-    from dskbench.measure.core import MODES, measure
+    from dskbench.measure.core import measure
     from dskbench.measure.cuda import flush_buffer, l2_bytes
+    from dskbench.measure.sampling import MODES
 
     t0 = time.perf_counter()
     s = (settings or CAL_SETTINGS).with_(launch_gap_us=None)

@@ -6,7 +6,7 @@ for ever. Here every choice that decides how many kernels are launched is made o
 
 * launches per graph (or per eager group) and replays per batch: rank 0's values, broadcast;
 * graph capture counts only when it worked on every rank (else all ranks time eagerly);
-* sampling stops when the core's stopping rule (stats.Stopper) has stopped on every rank.
+* sampling stops when the stopping policy (stopping.py) has stopped on every rank.
 
 Everything else is the core's: the CUDA timers (graph replays behind a GPU sleep, cold-L2 flushes
 subtracted), the statistics, and the Measurement (core.assemble), computed per rank from its own
@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dskbench.measure.core import CaptureFailed, assemble, gap_for, launches_for, make_stopper, subtract_gap
+from dskbench.measure.sampling import CaptureFailed, assemble, gap_for, launches_for, make_stopper, take
 from dskbench.measure.settings import Measurement, MeasureSettings
-from dskbench.measure.stats import Stopper
+from dskbench.measure.stopping import Stopper
 
 CPU_CALLS_PER_BATCH = 8  # cpu-wall: timed calls per batch (after the untimed one)
 PRE_CALIBRATION_LAUNCHES = 8  # eager launches timed (twice) to choose launches per graph
@@ -93,15 +93,13 @@ def drive_collective(
     now: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Stopper:
-    """core.drive, with the stop agreed: batches go on until every rank's stopping rule has stopped
+    """sampling.drive, with the stop agreed: batches go on until every rank's stopping policy has stopped
     (a rank that stopped first keeps launching, in step, and ignores the extra samples)."""
     stopper = make_stopper(settings, now)
     while True:
         batch = timer.batch(busy)
         if not stopper.stopped:
-            if raw is not None:
-                raw.extend(batch)
-            stopper.add(subtract_gap(batch, gap_us))
+            take(stopper, batch, gap_us, raw)
         if agree.all(stopper.stopped):
             break
         if settings.cooldown > 0 and timer.batch_gpu_us > 0:
@@ -146,28 +144,29 @@ class CpuCollectiveTimer:
 
 
 def _cuda_timer_classes() -> tuple[type, type]:
-    """The collective subclasses of the CUDA timers (built on first use: cuda.py imports torch)."""
-    from dskbench.measure import cuda
+    """The collective subclasses of the CUDA timers (built on first use: the CUDA timers import torch)."""
+    from dskbench.measure.cuda import EagerTimer
+    from dskbench.measure.cuda_graph import GraphTimer, replays_for
 
-    class CollectiveGraphTimer(cuda.GraphTimer):
+    class CollectiveGraphTimer(GraphTimer):
         """GraphTimer with an agreed graph size and replay count, capture agreed by all ranks, and the
-        first replay of each batch dropped. `capture_context` wraps each capture (a custom all-reduce
-        registers the buffers the graph uses when its context exits)."""
+        first replay of each batch dropped (it absorbs the ranks' skew). `capture_context` wraps each
+        capture (a custom all-reduce registers the buffers the graph uses when its context exits)."""
 
         def __init__(self, *args: Any, n: int, agree: Agreement, capture_context: Callable[[], Any]):
             super().__init__(*args)
             self.n_agreed, self.agree, self.capture_context = n, agree, capture_context
+            self.discard_replays = 1
 
-        def _build(self, n: int) -> None:
-            self.close()
+        def capture_graphs(self, n: int) -> list[Any]:
             graphs: list[Any] = []
             err: CaptureFailed | None = None
             hard: Exception | None = None  # not a capture failure (a broken context): no eager fallback
             with self.capture_context():
                 try:
-                    graphs.append(self._capture(n, launches=True))
+                    graphs.append(self.capture(n, launches=True))
                     if self.cold:
-                        graphs.append(self._capture(n, launches=False))
+                        graphs.append(self.capture(n, launches=False))
                 except CaptureFailed as e:
                     err = e
                 except Exception as e:  # noqa: BLE001 - agreed first, then raised on every rank
@@ -184,54 +183,16 @@ def _cuda_timer_classes() -> tuple[type, type]:
                     if hard_anywhere:
                         raise RuntimeError("graph capture broke on another rank (its error is recorded)")
                     raise err or CaptureFailed("graph capture failed on another rank")
-            for g in graphs:  # first replay uploads the graph: keep it out of any timing
-                g.replay()
-            cuda.torch.cuda.synchronize()
-            self.graphs, self.n = graphs, n
+            return graphs
 
         def prepare(self) -> None:
-            self._build(self.n_agreed)
-            total, flush = self._per_launch()
+            self.build(self.n_agreed)
+            total, flush = self.per_launch()
             pair_us = max(self.n * (total + flush), 1e-3)
-            want = max(
-                1, min(cuda.MAX_REPLAYS_PER_BATCH, math.ceil(self.settings.batch_target_ms * 1000 / pair_us))
-            )
-            self.replays = int(self.agree.value(want))
+            self.replays = int(self.agree.value(replays_for(self.settings.batch_target_ms, pair_us)))
             self.launches_per_sample = self.n
 
-        def batch(self, busy: Callable[[], None]) -> list[float]:
-            k = len(self.graphs)
-            reps = self.replays + 1  # replay 0 absorbs the ranks' skew
-            evs = self._evs(reps * k + 1)
-            self._sleep(self.lead_us)
-            evs[0].record()
-            j = 1
-            late = False
-            for r in range(reps):
-                for g in self.graphs:
-                    g.replay()
-                    evs[j].record()
-                    j += 1
-                if r == 0:
-                    late = evs[0].query()
-            busy()
-            evs[-1].synchronize()
-            self.batch_gpu_us = cuda._us(evs[0], evs[-1])
-            if late:
-                self._late()
-            times = [cuda._us(evs[i], evs[i + 1]) for i in range(len(evs) - 1)]
-            out = []
-            for r in range(1, reps):
-                t_k = times[r * k]
-                if self.cold:
-                    t_f = times[r * k + 1]
-                    out.append((t_k - t_f) / self.n)
-                    self.flush_samples.append(t_f / self.n)
-                else:
-                    out.append(t_k / self.n)
-            return out
-
-    class CollectiveEagerTimer(cuda.EagerTimer):
+    class CollectiveEagerTimer(EagerTimer):
         """EagerTimer with rank 0's group size and batch size, and the first sample of a batch dropped."""
 
         def __init__(self, *args: Any, agree: Agreement):
@@ -253,28 +214,6 @@ def _cuda_timer_classes() -> tuple[type, type]:
             return super().batch(busy)[1:]
 
     return CollectiveGraphTimer, CollectiveEagerTimer
-
-
-def _eager_per_launch(launchers: Sequence[Callable[[], Any]], index: int) -> float:
-    """Device time of one launch (us): a fixed number of launches (the same on every rank) queued behind
-    a GPU sleep long enough to hide the host's launch cost, as the eager timer does."""
-    from dskbench.measure import cuda
-
-    n = len(launchers)
-    count = math.ceil(PRE_CALIBRATION_LAUNCHES / n) * n
-    t0 = cuda.time.perf_counter()
-    for i in range(count):
-        launchers[i % n]()
-    host_us = (cuda.time.perf_counter() - t0) * 1e6
-    cuda.torch.cuda.synchronize()
-    start, end = cuda._events(2)
-    cuda.torch.cuda._sleep(int(min(2.0 * host_us + 50.0, cuda.MAX_SLEEP_US) * cuda.sleep_rate(index)))
-    start.record()
-    for i in range(count):
-        launchers[i % n]()
-    end.record()
-    end.synchronize()
-    return max(cuda._us(start, end) / count, 0.01)
 
 
 def measure_collective(
@@ -301,19 +240,21 @@ def measure_collective(
     t_start = time.perf_counter()
     if str(device).startswith("cpu"):
         return _measure_cpu(fns, agree, settings, mode, t_start)
-    from dskbench.measure import cuda
+    import torch
 
-    torch = cuda.torch
+    from dskbench.measure import cuda, nvml
+    from dskbench.measure.cuda_graph import COLD_MIN_LAUNCHES
+
     dev = torch.device(device)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     graph_cls, eager_cls = _cuda_timer_classes()
     with torch.cuda.device(index):
-        clocks_before = cuda.nvml.read_clocks(index)
+        clocks_before = nvml.read_clocks(index)
         flush_bytes, buf = cuda.cold_flush(index, mode, settings)
         cuda.warm_up(fns, settings)
         cold = mode == "cold"
-        minimum = cuda.COLD_MIN_LAUNCHES if cold else 1
-        per_launch = _eager_per_launch(fns, index)
+        minimum = COLD_MIN_LAUNCHES if cold else 1
+        per_launch = cuda.eager_per_launch(fns, index, PRE_CALIBRATION_LAUNCHES)
         want = launches_for(
             settings.replay_target_us, per_launch, n_sets, settings.max_graph_launches, minimum
         )
@@ -341,7 +282,7 @@ def measure_collective(
         finally:
             timer.close()
         torch.cuda.synchronize()
-        clocks_after = cuda.nvml.read_clocks(index)
+        clocks_after = nvml.read_clocks(index)
     return cuda.finish(
         stopper,
         timer,

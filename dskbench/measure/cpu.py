@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dskbench.measure.core import assemble, make_stopper
+from dskbench.measure.sampling import assemble, make_stopper
 from dskbench.measure.settings import Measurement, MeasureSettings
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dskbench.measure.stopping import DEFAULT, POLICIES
+
 
 @dataclass(frozen=True)
 class MeasureSettings:
@@ -34,10 +36,15 @@ class MeasureSettings:
     # cuda-graph, "eager_hot" / "eager_cold" for cuda-eager (see calibrate.py, which measures them
     # against CUPTI). A missing key leaves that method/mode uncorrected. None: no correction.
     launch_gap_us: dict[str, float] | None = None
+    # The stopping policy (stopping.py): "median-ci" (target_noise on the median's CI), "stdrel"
+    # (target_noise on the samples' CV) or "fixed" (min_samples samples). Recorded with each result.
+    stopping: str = DEFAULT
 
     def __post_init__(self) -> None:
         if self.flush_kind not in ("write", "read"):
             raise ValueError(f"flush_kind {self.flush_kind!r}: expected 'write' or 'read'")
+        if self.stopping not in POLICIES:
+            raise ValueError(f"stopping {self.stopping!r}: expected one of {', '.join(POLICIES)}")
 
     @classmethod
     def quick(cls, **overrides: Any) -> MeasureSettings:
@@ -70,7 +77,7 @@ class Measurement:
     noise: float  # relative half-width of the median's 95% CI (the stopping criterion)
     n_samples: int
     launches_per_sample: int  # each sample is the mean over this many launches
-    converged: bool  # noise <= target within the budget
+    converged: bool  # the stopping policy's criterion was met within the budget
     wall_s: float  # whole measure() call: warm-up, capture, sampling
     method: str  # cuda-graph | cuda-eager | cpu-wall
     mode: str  # cold | hot
@@ -89,6 +96,7 @@ class Measurement:
     throttled: bool | None = None  # None: unknown (no NVML)
     throttle_reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stopping: dict[str, Any] | None = None  # the stopping policy: {"name": ..., <its parameters>}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

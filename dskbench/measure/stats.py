@@ -1,4 +1,5 @@
-"""Sample statistics and the stopping rule, pure Python so they are testable without a GPU.
+"""Sample statistics, pure Python so they are testable without a GPU (the stopping rules that use them:
+stopping.py).
 
 Noise is the relative half-width of the distribution-free 95% confidence interval of the median (order
 statistics of a binomial(n, 1/2)). Why this and not the samples' CV (nvbench's stdrel): the CV of the
@@ -11,8 +12,7 @@ The CV is still reported, as a description of the spread.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 Z95 = 1.959963984540054
@@ -99,65 +99,3 @@ def summarize(samples: Sequence[float]) -> Summary:
         noise=relative_noise(xs),
         n=n,
     )
-
-
-class Stopper:
-    """nvbench-style stopping rule over a growing sample stream.
-
-    Stop, converged: at least ``min_samples`` samples, at least ``min_time_s`` of sampling, and noise at or
-    under ``target_noise``. Stop, not converged: ``max_time_s`` of sampling (wall clock, from the first
-    ``add``'s reference point, i.e. construction) or ``max_samples`` samples. The noise is re-evaluated
-    only when the sample count grew by 10% since the last evaluation, so a long run costs O(n log^2 n).
-    """
-
-    def __init__(
-        self,
-        *,
-        target_noise: float,
-        min_samples: int,
-        max_samples: int,
-        min_time_s: float,
-        max_time_s: float,
-        now: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.target_noise = target_noise
-        self.min_samples = max(1, min_samples)
-        self.max_samples = max(self.min_samples, max_samples)
-        self.min_time_s = min_time_s
-        self.max_time_s = max(min_time_s, max_time_s)
-        # The budget never ends sampling before a few samples exist: a kernel slower than the budget
-        # (a 15 ms MoE prefill under a 0.25 s quick budget) still gets a median. hard_stop_s bounds that.
-        self.floor = min(3, self.min_samples)
-        self.hard_stop_s = 10 * self.max_time_s + 5.0
-        self._now = now
-        self._t0 = now()
-        self.samples: list[float] = []
-        self.noise = math.inf
-        self._next_eval = self.min_samples
-        self.converged = False
-        self.stopped = False
-
-    def elapsed(self) -> float:
-        return self._now() - self._t0
-
-    def add(self, batch: Sequence[float]) -> bool:
-        """Append a batch of samples; returns True once sampling should stop."""
-        if self.stopped:
-            return True
-        self.samples.extend(float(x) for x in batch)
-        n = len(self.samples)
-        elapsed = self.elapsed()
-        if n >= self._next_eval:
-            self.noise = relative_noise(sorted(self.samples))
-            self._next_eval = max(n + 1, math.ceil(n * 1.1))
-        if n >= self.min_samples and elapsed >= self.min_time_s and self.noise <= self.target_noise:
-            self.converged = self.stopped = True
-        elif (
-            (elapsed >= self.max_time_s and n >= self.floor)
-            or n >= self.max_samples
-            or elapsed >= self.hard_stop_s
-        ):
-            self.noise = relative_noise(sorted(self.samples))
-            self.converged = n >= self.min_samples and self.noise <= self.target_noise
-            self.stopped = True
-        return self.stopped

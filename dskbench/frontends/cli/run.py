@@ -13,6 +13,8 @@ from dskbench.frontends.cli import args as types
 from dskbench.frontends.cli import common
 from dskbench.frontends.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, SWEEPS, Terminated, UsageError
 from dskbench.frontends.cli.plan import plan
+from dskbench.measure.stopping import DEFAULT as DEFAULT_STOPPING
+from dskbench.measure.stopping import POLICIES
 
 if TYPE_CHECKING:
     from dskbench.execution.config import RunConfig
@@ -54,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--seed", type=types.seed, help="input seed, 0 or more (default: fresh inputs every run)"
     )
     run.add_argument("--budget", type=types.seconds, help="time budget per case, seconds (> 0)")
+    run.add_argument(
+        "--stopping",
+        choices=tuple(POLICIES),
+        default=DEFAULT_STOPPING,
+        help="when a case's sampling stops: the median's 95%% CI within the noise target (default), the "
+        "samples' CV within it (nvbench's stdrel), or a fixed number of samples",
+    )
     run.add_argument(
         "--no-isolate",
         action="store_true",
@@ -120,6 +129,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         tp=args.tp,
         mode=args.mode,
         flush=args.flush,
+        stopping=args.stopping,
         dedupe=not args.no_dedupe,
         seed=args.seed,
         isolate=not args.no_isolate,

@@ -1,0 +1,161 @@
+"""When to stop sampling: stopping criteria as named policies with parameters (nvbench's model), chosen by
+name in MeasureSettings.stopping and recorded with every result (Measurement.stopping).
+
+Every policy shares the budget: sampling ends, not converged, after ``max_time_s`` of sampling (but never
+before a few samples exist; ``hard_stop_s`` bounds that) or ``max_samples`` samples. Policies differ in
+what "converged" means:
+
+* ``median-ci`` (the default): the relative half-width of the median's distribution-free 95% confidence
+  interval is at most ``max_noise``, after ``min_samples`` samples and ``min_time_s`` of sampling. It
+  shrinks as 1/sqrt(n), so a spread-out kernel still converges; see stats.py for why it is the default.
+* ``stdrel``: nvbench's criterion, the samples' relative standard deviation (CV) at most ``max_noise``,
+  after ``min_samples`` and ``min_time_s``. A CV does not shrink with more samples: a noisy kernel runs
+  to its budget.
+* ``fixed``: exactly ``n`` samples (MeasureSettings.min_samples), whatever their spread; only the hard
+  stop ends it sooner.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from dskbench.measure.stats import relative_noise, summarize
+
+
+class Stopper:
+    """The median-ci policy over a growing sample stream, and the base of the others.
+
+    The noise is re-evaluated only when the sample count grew by 10% since the last evaluation, so a long
+    run costs O(n log^2 n). Elapsed time counts from construction."""
+
+    name: ClassVar[str] = "median-ci"
+
+    def __init__(
+        self,
+        *,
+        target_noise: float,
+        min_samples: int,
+        max_samples: int,
+        min_time_s: float,
+        max_time_s: float,
+        now: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.target_noise = target_noise
+        self.min_samples = max(1, min_samples)
+        self.max_samples = max(self.min_samples, max_samples)
+        self.min_time_s = min_time_s
+        self.max_time_s = max(min_time_s, max_time_s)
+        # The budget never ends sampling before a few samples exist: a kernel slower than the budget
+        # (a 15 ms MoE prefill under a 0.25 s quick budget) still gets a median. hard_stop_s bounds that.
+        self.floor = min(3, self.min_samples)
+        self.hard_stop_s = 10 * self.max_time_s + 5.0
+        self._now = now
+        self._t0 = now()
+        self.samples: list[float] = []
+        self.noise = math.inf
+        self._next_eval = self.min_samples
+        self.converged = False
+        self.stopped = False
+
+    def params(self) -> dict[str, Any]:
+        """The policy's parameters, as recorded with each result."""
+        return {
+            "max_noise": self.target_noise,
+            "min_samples": self.min_samples,
+            "max_samples": self.max_samples,
+            "min_time_s": self.min_time_s,
+            "max_time_s": self.max_time_s,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """{"name": ..., <params>}: what a result records of how its sampling was stopped."""
+        return {"name": self.name, **self.params()}
+
+    def measure_noise(self, samples: Sequence[float]) -> float:
+        """The quantity compared with `target_noise`."""
+        return relative_noise(sorted(samples))
+
+    def elapsed(self) -> float:
+        return self._now() - self._t0
+
+    def add(self, batch: Sequence[float]) -> bool:
+        """Append a batch of samples; returns True once sampling should stop."""
+        if self.stopped:
+            return True
+        self.samples.extend(float(x) for x in batch)
+        n = len(self.samples)
+        elapsed = self.elapsed()
+        if n >= self._next_eval:
+            self.noise = self.measure_noise(self.samples)
+            self._next_eval = max(n + 1, math.ceil(n * 1.1))
+        if n >= self.min_samples and elapsed >= self.min_time_s and self.noise <= self.target_noise:
+            self.converged = self.stopped = True
+        elif (
+            (elapsed >= self.max_time_s and n >= self.floor)
+            or n >= self.max_samples
+            or elapsed >= self.hard_stop_s
+        ):
+            self.noise = self.measure_noise(self.samples)
+            self.converged = n >= self.min_samples and self.noise <= self.target_noise
+            self.stopped = True
+        return self.stopped
+
+
+class StdRelStopper(Stopper):
+    """nvbench's stdrel: the samples' relative standard deviation is the noise."""
+
+    name: ClassVar[str] = "stdrel"
+
+    def measure_noise(self, samples: Sequence[float]) -> float:
+        return summarize(samples).cv if len(samples) > 1 else math.inf
+
+
+class FixedStopper(Stopper):
+    """Exactly `min_samples` samples (a batch that overshoots is cut), or fewer at the hard stop."""
+
+    name: ClassVar[str] = "fixed"
+
+    def params(self) -> dict[str, Any]:
+        return {"n": self.min_samples}
+
+    def add(self, batch: Sequence[float]) -> bool:
+        if self.stopped:
+            return True
+        room = self.min_samples - len(self.samples)
+        self.samples.extend(float(x) for x in list(batch)[:room])
+        n = len(self.samples)
+        if n >= self.min_samples or self.elapsed() >= self.hard_stop_s:
+            self.noise = self.measure_noise(self.samples)
+            self.converged = n >= self.min_samples
+            self.stopped = True
+        return self.stopped
+
+
+POLICIES: dict[str, type[Stopper]] = {p.name: p for p in (Stopper, StdRelStopper, FixedStopper)}
+DEFAULT = Stopper.name
+
+
+def stopper_for(
+    name: str,
+    *,
+    target_noise: float,
+    min_samples: int,
+    max_samples: int,
+    min_time_s: float,
+    max_time_s: float,
+    now: Callable[[], float] = time.perf_counter,
+) -> Stopper:
+    """A fresh stopper of the policy `name` (one of POLICIES)."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown stopping policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name](
+        target_noise=target_noise,
+        min_samples=min_samples,
+        max_samples=max_samples,
+        min_time_s=min_time_s,
+        max_time_s=max_time_s,
+        now=now,
+    )

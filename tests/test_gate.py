@@ -1,0 +1,91 @@
+"""The one gating rule (dskbench.execution.gate): what it checks, in which order, and that the planner,
+the cost model and the case's execution ask it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dskbench.adapters.backends import CPU_OK, SM100, Backend, DeviceInfo, Requirement
+from dskbench.adapters.base import Traffic
+from dskbench.execution import case as case_mod
+from dskbench.execution import cost
+from dskbench.execution.gate import applicable, memory_reason, why_not
+from dskbench.execution.items import WorkItem
+from dskbench.shapes.cases import Case
+
+GIB = 2**30
+H100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 90, 1, 80 * GIB)
+
+
+class FakeAdapter:
+    kernel = "fake_gate"
+
+    def __init__(self, nbytes: int = 1 << 20, skip: str | None = None, gpus: int = 1, applies: bool = True):
+        self.nbytes, self.skip, self.gpus, self.apply = nbytes, skip, gpus, applies
+        self.traffic_asked = 0
+
+    def applies(self, case):
+        return self.apply
+
+    def skip_reason(self, case):
+        return self.skip
+
+    def gpus_needed(self, case):
+        return self.gpus
+
+    def traffic_for(self, backend, case):
+        self.traffic_asked += 1
+        return Traffic(self.nbytes)
+
+
+def _backend(requires: Requirement = Requirement(), skip=None) -> Backend:
+    return Backend("b", "m:f", None, "torch", lambda fn, i, c: fn, requires=requires, skip=skip)
+
+
+CASE = Case("fake_gate", "op", "decode", {"T": 1}, {"T": 1})
+
+
+def test_a_case_that_fits_runs():
+    assert why_not(FakeAdapter(), _backend(), CASE, H100) is None
+
+
+def test_reasons_come_in_order_first_wins():
+    big = FakeAdapter(nbytes=100 * GIB, skip="adapter says no")
+    assert why_not(big, _backend(SM100), CASE, H100) == "needs sm100/sm103 (found sm90)"
+    assert why_not(big, _backend(), CASE, H100) == "adapter says no"
+    assert why_not(FakeAdapter(nbytes=100 * GIB), _backend(skip=lambda c: "backend says no"), CASE, H100) == (
+        "backend says no"
+    )
+    assert why_not(FakeAdapter(gpus=8), _backend(), CASE, H100) == "needs 8 GPUs (found 1)"
+
+
+def test_memory_is_checked_at_planning_against_the_gpus_total():
+    fits, too_big = FakeAdapter(nbytes=60 * GIB), FakeAdapter(nbytes=70 * GIB)
+    assert why_not(fits, _backend(), CASE, H100) is None
+    assert why_not(too_big, _backend(), CASE, H100) == (
+        "needs at least 70.0 GiB of GPU memory, 80.0 GiB free"
+    )
+    unknown = replace(H100, memory_bytes=None)
+    assert why_not(too_big, _backend(), CASE, unknown) is None
+    cpu = FakeAdapter(nbytes=10**15)
+    assert memory_reason(cpu, _backend(CPU_OK), CASE, DeviceInfo("cpu")) is None
+    assert cpu.traffic_asked == 0  # nothing to compare with: the traffic is not even computed
+
+
+def test_not_applicable_is_not_a_reason():
+    a = FakeAdapter(applies=False)
+    assert not applicable(a, CASE) and applicable(FakeAdapter(), CASE)
+
+
+def test_the_cost_model_and_the_case_ask_the_same_rule(monkeypatch):
+    big = FakeAdapter(nbytes=70 * GIB)
+    backend = _backend()
+    big.all_backends = lambda: [backend]
+    monkeypatch.setattr("dskbench.adapters.get_adapter", lambda name: big)
+    item = WorkItem(0, "fake_gate", "b", CASE.to_json())
+    assert cost.item_cost(item, H100, 1.0) == cost.SKIP_COST_S
+    assert cost.item_cost(item, replace(H100, memory_bytes=None), 1.0) > cost.SKIP_COST_S
+    monkeypatch.setattr(case_mod, "get_adapter", lambda name: big)
+    fields, prep = case_mod.prepare_case("fake_gate", CASE, "b", H100, 0)
+    assert prep is None and fields["status"] == "skipped"
+    assert fields["reason"] == "needs at least 70.0 GiB of GPU memory, 80.0 GiB free"

@@ -1,0 +1,96 @@
+"""Stopping criteria as named policies: what each one stops on, and the name and parameters every
+result records (timing.stopping)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dskbench.measure import MeasureSettings, measure
+from dskbench.measure.sampling import drive, make_stopper
+from dskbench.measure.stopping import POLICIES, FixedStopper, StdRelStopper, Stopper, stopper_for
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _run(name: str, sigma: float, batch: int = 10, **kw) -> Stopper:
+    clock, rng = Clock(), random.Random(0)
+    budget = dict(target_noise=0.01, min_samples=20, max_samples=100_000, min_time_s=0.0, max_time_s=1.0)
+    st = stopper_for(name, now=clock, **{**budget, **kw})
+    while not st.add([rng.gauss(100.0, sigma) for _ in range(batch)]):
+        clock.t += 0.01
+    return st
+
+
+def test_the_policies_by_name():
+    assert set(POLICIES) == {"median-ci", "stdrel", "fixed"}
+    assert POLICIES["median-ci"] is Stopper and POLICIES["stdrel"] is StdRelStopper
+    assert POLICIES["fixed"] is FixedStopper
+    with pytest.raises(ValueError, match="unknown stopping policy"):
+        stopper_for("entropy", target_noise=0.01, min_samples=1, max_samples=2, min_time_s=0, max_time_s=1)
+    with pytest.raises(ValueError, match="stopping 'nope'"):
+        MeasureSettings(stopping="nope")
+
+
+def test_the_default_is_todays_rule_with_todays_numbers():
+    st = make_stopper(MeasureSettings())
+    assert type(st) is Stopper
+    assert st.describe() == {
+        "name": "median-ci",
+        "max_noise": 0.01,
+        "min_samples": 20,
+        "max_samples": 10_000,
+        "min_time_s": 0.1,
+        "max_time_s": 1.5,
+    }
+
+
+def test_a_spread_out_kernel_converges_on_the_median_but_not_on_its_cv():
+    median_ci = _run("median-ci", sigma=5.0)  # CV 5%: the median's interval still shrinks under 1%
+    assert median_ci.converged and len(median_ci.samples) < 100_000
+    stdrel = _run("stdrel", sigma=5.0)  # ... the CV never does: the budget ends it
+    assert not stdrel.converged and stdrel.elapsed() >= 1.0
+    tight = _run("stdrel", sigma=0.5)  # CV 0.5%: converged at the first evaluation
+    assert tight.converged and len(tight.samples) == 20
+
+
+def test_fixed_takes_exactly_n_samples_whatever_their_spread():
+    st = _run("fixed", sigma=30.0, batch=7, min_samples=50)
+    assert len(st.samples) == 50 and st.converged
+    assert st.describe() == {"name": "fixed", "n": 50}
+
+
+def test_each_result_records_its_stopping_policy():
+    quick = MeasureSettings.quick(max_time_s=0.02)
+    m = measure([lambda: None], device="cpu", mode="hot", settings=quick)
+    assert m.stopping == {
+        "name": "median-ci",
+        "max_noise": 0.02,
+        "min_samples": 10,
+        "max_samples": 10_000,
+        "min_time_s": 0.02,
+        "max_time_s": 0.02,
+    }
+    fixed = measure([lambda: None], device="cpu", mode="hot", settings=quick.with_(stopping="fixed"))
+    assert fixed.n_samples == 10 and fixed.stopping == {"name": "fixed", "n": 10}
+    assert fixed.to_dict()["stopping"] == {"name": "fixed", "n": 10}
+
+
+def test_a_cut_batch_keeps_the_raw_samples_in_step():
+    class Timer:
+        method, batch_gpu_us = "cuda-graph", 0.0
+
+        def batch(self, busy):
+            return [2.0] * 7
+
+    raw: list[float] = []
+    settings = MeasureSettings(stopping="fixed", min_samples=10, cooldown=0.0)
+    st = drive(Timer(), settings, gap_us=0.5, raw=raw)
+    assert st.samples == [1.5] * 10 and raw == [2.0] * 10
