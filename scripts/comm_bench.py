@@ -6,7 +6,7 @@
 Kernels: custom_all_reduce (sgl_kernel v1, sglang_jit v2, nccl baseline) and
 flashinfer_communication_fusion (flashinfer allreduce_fusion with residual + RMSNorm, and the unfused
 NCCL + fused_add_rmsnorm baseline), at [T, 7168] bf16 with TP = the number of processes, T from the
-shapes file's decode and prefill token lists (or --tokens). See dskbench/adapters/comm.py.
+shapes file's decode and prefill token lists (or --tokens). See dskbench/adapters/comm/.
 
 Every rank builds the same inputs (all ranks' contributions, from one agreed seed), runs the backend
 once and checks its own result against the sum over ranks (fused: + residual, then RMSNorm); then the
@@ -62,7 +62,7 @@ NO_MULTICAST_ENV = {
 if os.environ.get("DSKBENCH_NO_MULTICAST", "").strip() not in ("", "0"):
     os.environ.update(NO_MULTICAST_ENV)
 # sglang's custom all-reduce set-up runs a P2P test that needs sglang's own world group (not initialised
-# here: it asserts); with this it trusts torch.cuda.can_device_access_peer (dskbench/adapters/comm.py)
+# here: it asserts); with this it trusts torch.cuda.can_device_access_peer (dskbench/adapters/comm/rank.py)
 os.environ.setdefault("SGLANG_SKIP_P2P_CHECK", "1")
 
 
