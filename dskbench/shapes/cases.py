@@ -52,8 +52,9 @@ class Case:
     point: dict[str, int]
     dims: dict[str, Any]
     variant: str | None = None
-    # The model's symbols (H, Lq, rms_norm_eps, ...) from the shapes file the case was planned from: an
-    # adapter reads every model constant here, so a case alone decides its inputs. Not part of its identity.
+    # The model's symbols (H, Lq, rms_norm_eps, ...) from the shapes file the case was planned from, and its
+    # op's `weight_format`: an adapter reads every model constant here, so a case alone decides its inputs.
+    # Not part of its identity.
     model: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -238,13 +239,15 @@ class ModelShapes:
             variants = op.roles.get(role) or []
             if not variants:
                 continue
+            # the model's symbols, and the format this op's weights are stored in (nvfp4, fp8, bf16)
+            model = {**self.config, "weight_format": self.weight_format(op_name)}
             for point in self.points(op, variants, phase, profile):
                 if tp is not None and "tp" in point and point["tp"] not in tp:
                     continue
                 for var in variants:
                     dims = self.eval_role(var, point)
                     variant = dims.pop("variant", None)
-                    out.append(Case(kernel, op_name, phase, point, dims, variant, dict(self.config)))
+                    out.append(Case(kernel, op_name, phase, point, dims, variant, model))
         return out
 
 

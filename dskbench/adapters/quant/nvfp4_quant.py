@@ -16,7 +16,7 @@ from dskbench.adapters.common import nvfp4 as fp4
 from dskbench.adapters.common.inputs import generator, randn
 from dskbench.adapters.common.nvfp4_adapter import FI_FP4, Refs, untag
 from dskbench.adapters.common.nvfp4_inputs import calibrated_input_scale
-from dskbench.shapes.cases import Case, default_shapes
+from dskbench.shapes.cases import Case
 
 
 def _quant_dims(case: Case) -> tuple[int, int]:
@@ -48,7 +48,7 @@ class _QuantBase(Adapter):
 
     def applies(self, case: Case) -> bool:
         # the quant role carries no weight format: the shapes file says which ops store NVFP4 weights
-        return default_shapes().weight_format(case.op) == "nvfp4"
+        return case.model.get("weight_format") == "nvfp4"
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         t, k = _quant_dims(case)
