@@ -39,7 +39,8 @@ def _config(**kw) -> RunConfig:
 def test_config_round_trips_through_json_and_exposes_its_options():
     config = _config(kernels=("fake_ok",), ops=("input_layernorm",), points=({"T": 16},), all_backends=True)
     assert RunConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
-    assert (config.device, config.phases, config.profile, config.tp) == ("cpu", ("decode",), "cpu", (1,))
+    # the default tp is every degree a deployment runs at; a profile measures those it sweeps
+    assert (config.device, config.phases, config.profile, config.tp) == ("cpu", ("decode",), "cpu", (1, 4, 8))
     hot = config.with_options(mode="hot")
     assert hot.options.mode == "hot" and config.options.mode == "cold" and hot.kernels == config.kernels
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shlex
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +57,7 @@ __all__ = [  # the pick's model, importable from here as one API (scripts/insitu
     "load_runs",
     "measured_tps",
     "pick",
+    "speculative_picked",
 ]
 
 
@@ -85,17 +86,32 @@ class Launch:
     argv: list[str]
     varies: list[str] = field(default_factory=list)  # flags whose choice differs across batches/phases
     unset: list[str] = field(default_factory=list)  # flags with no value measured for every row they set
+    speculative: list[str] = field(default_factory=list)  # speculative decoding flags, when it was picked
 
     @property
     def command(self) -> str:
         return shlex.join(self.argv)
 
 
-def launch_command(phases: Sequence[PhasePick], tp: int, prefix: Sequence[str]) -> Launch:
+def speculative_picked(phases: Sequence[PhasePick]) -> bool:
+    """True when the decode pick holds a winner for a NextN layer or EAGLE row (scope nextn / spec): the
+    step estimate then includes speculative decoding, so the launch command turns it on."""
+    return any(
+        rp.row.scope in ("nextn", "spec") and any(c.winner is not None for c in rp.cells.values())
+        for pp in phases
+        if pp.phase == "decode"
+        for rp in pp.rows
+    )
+
+
+def launch_command(
+    phases: Sequence[PhasePick], tp: int, prefix: Sequence[str], speculative: Mapping[str, str] | None = None
+) -> Launch:
     """One value per flag from the per-batch flag choices. A flag takes its value from the first phase
     (decode before prefill: decode is the steady state of serving) that chose one, and there the value
     chosen at the most batch points (a tie: the one chosen at the largest batch). Flags whose choice
-    differs are listed, so the reader can pick again with `--batch` at their own load."""
+    differs are listed, so the reader can pick again with `--batch` at their own load. `speculative`
+    (the deployment's speculative decoding flags) is appended when the NextN/EAGLE rows were picked."""
     seen: dict[str, list[tuple[str, int, str | None]]] = defaultdict(list)
     for pp in phases:
         for b in pp.batches:
@@ -124,6 +140,10 @@ def launch_command(phases: Sequence[PhasePick], tp: int, prefix: Sequence[str]) 
                 f"{ph} {batch_var(ph)}={','.join(map(str, bs))}: {v}" for (ph, v), bs in by.items()
             )
             launch.varies.append(f"{flag} {value} ({where})")
+    if speculative and speculative_picked(phases):
+        for flag, value in speculative.items():
+            argv += [flag, value]
+            launch.speculative.append(flag)
     return launch
 
 
@@ -185,5 +205,5 @@ def pick(
         ests = [estimate(picker, b, kv) for b in bs]
         flags = {b: flag_choices(picker, b, kv) for b in bs}
         out.append(PhasePick(phase, bs, rows, ests, flags, picker.unassigned(), picker))
-    launch = launch_command(out, tp, dep.launch)
+    launch = launch_command(out, tp, dep.launch, dep.speculative_flags)
     return Pick(device, tp, kv, list(inputs), [r.run_id for r in runs], out, threshold, launch)

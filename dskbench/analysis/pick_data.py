@@ -109,6 +109,7 @@ class Deployment:
     draft_layer: str = "moe"
     source: str = ""
     launch: tuple[str, ...] = LAUNCH  # the server command before `--tp N` and the picked flags
+    speculative_flags: dict[str, str] = field(default_factory=dict)  # added when NextN/EAGLE rows are picked
 
     def flags_of(self, kernel: str, backend: str) -> dict[str, str]:
         for pat, flags in self.backend_flags:
@@ -209,6 +210,10 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
     layer_counts = {str(k): int(evaluate(v, env)) for k, v in (est.get("layers") or {}).items()}
     spec = est.get("speculative") or {}
     speculative = {k: int(evaluate(spec[k], env)) for k in ("target_tokens", "draft_forwards") if k in spec}
+    spec_flags = {
+        str(f): str(int(evaluate(v, env))) if server_flags.get(str(f), {}).get("type") == "int" else str(v)
+        for f, v in (spec.get("flags") or {}).items()
+    }
     dep = Deployment(
         rows=rows,
         server_flags=server_flags,
@@ -219,6 +224,7 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
         draft_layer=str(spec.get("draft_layer", "moe")),
         source=source,
         launch=_tuple(data.get("launch")) or LAUNCH,
+        speculative_flags=spec_flags,
     )
     bad = flag_problems(dep)
     if bad:
@@ -229,6 +235,7 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
 def all_flag_uses(dep: Deployment) -> list[tuple[str, str, str]]:
     """(where, flag, value) for every flag value the file cites."""
     uses = [(f"backend_flags {pat}", f, v) for pat, fl in dep.backend_flags for f, v in fl.items()]
+    uses += [("estimate.speculative.flags", f, v) for f, v in dep.speculative_flags.items()]
     for phase, rows in dep.rows.items():
         for r in rows:
             for p in r.paths:
@@ -243,6 +250,9 @@ def flag_problems(dep: Deployment) -> list[str]:
         known = dep.server_flags.get(flag)
         if known is None:
             out.append(f"{where}: flag {flag} is not in server_flags")
+        elif known.get("type") == "int":
+            if not value.isdigit():
+                out.append(f"{where}: {flag} {value!r} is not a whole number")
         elif value not in (known.get("choices") or []):
             out.append(f"{where}: {flag} {value!r} is not an accepted value")
     return out

@@ -45,6 +45,11 @@ class WorkItem:
         return {**self.record_identity().to_json(), "backend": BackendInfo(self.backend).to_json()}
 
 
+# Tensor-parallel degrees a default sweep measures: DeepSeek-R1-NVFP4 is served at TP 4 or 8, and the
+# per-rank shapes of each degree run on one GPU (tp 1 is the unsharded reference).
+DEFAULT_TP: tuple[int, ...] = (1, 4, 8)
+
+
 @dataclass
 class SweepOptions:
     """How a run measures: what its workers are told and what its results file records as `settings`
@@ -53,7 +58,7 @@ class SweepOptions:
     device: str = "cuda"  # "cuda" or "cpu"
     phases: tuple[str, ...] = ("decode", "prefill")
     profile: str = "full"  # full | quick | cpu
-    tp: tuple[int, ...] = (1,)
+    tp: tuple[int, ...] = DEFAULT_TP  # of these, a profile measures the degrees it sweeps
     mode: str = "cold"
     flush: str = "write"  # cold mode's L2 flush: "write" (zero_) or "read" (MeasureSettings.flush_kind)
     seed: int | None = None  # None: fresh inputs every run

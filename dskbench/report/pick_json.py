@@ -131,6 +131,7 @@ def render_json(p: Pick) -> dict[str, Any]:
             "argv": p.launch.argv,
             "varies": p.launch.varies,
             "unset": p.launch.unset,
+            "speculative": p.launch.speculative,
         },
         "phases": phases,
     }

@@ -223,8 +223,15 @@ def details(pp: PhasePick) -> list[tuple[str, list[str]]]:
 
 
 def launch_notes(launch: Launch) -> list[str]:
-    """What the one command leaves open: flags whose choice depends on the load, flags left unset."""
+    """What the one command leaves open: flags whose choice depends on the load, flags left unset; and
+    where its speculative decoding flags come from."""
     out = []
+    if launch.speculative:
+        out.append(
+            "Speculative decoding (NextN draft layer, EAGLE): "
+            + ", ".join(launch.speculative)
+            + " take the deployment file's values, the ones the step with NextN speculative decoding assumes."
+        )
     if launch.varies:
         out.append(
             "The choice depends on the batch (the command takes the most frequent one; "

@@ -12,7 +12,7 @@ from dskbench import paths
 from dskbench.frontends.cli import args as types
 from dskbench.frontends.cli import common
 from dskbench.frontends.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, SWEEPS, Terminated, UsageError
-from dskbench.frontends.cli.plan import plan
+from dskbench.frontends.cli.plan import plan, swept_tp
 from dskbench.measure.stopping import DEFAULT as DEFAULT_STOPPING
 from dskbench.measure.stopping import POLICIES
 
@@ -35,8 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--tp",
         type=types.positive_ints,
-        default=(1,),
-        help="tensor-parallel degrees the shapes file sweeps, e.g. 1,4,8 (default 1)",
+        help="tensor-parallel degrees the shapes file sweeps, e.g. 1 (default: 1,4,8, those the profile sweeps)",
     )
     run.add_argument(
         "--mode", choices=("cold", "hot", "rotate"), default="cold", help="L2 state (default cold)"
@@ -119,14 +118,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
     """The run configuration `dskbench run`'s flags ask for."""
     from dskbench.execution.config import RunConfig
-    from dskbench.execution.items import SweepOptions
+    from dskbench.execution.items import DEFAULT_TP, SweepOptions
     from dskbench.results.environment import no_multicast_asked
 
     options = SweepOptions(
         device=device,
         phases=tuple(common.sweeps(args.sweep)),
         profile="cpu" if device == "cpu" else ("quick" if args.quick else "full"),
-        tp=args.tp,
+        tp=args.tp or DEFAULT_TP,
         mode=args.mode,
         flush=args.flush,
         stopping=args.stopping,
@@ -186,6 +185,9 @@ def command(args: argparse.Namespace) -> int:
             print(f"dskbench: --costs-from {p}: no such file", file=sys.stderr)
             return EXIT_USAGE
     registry, shapes = common.registry_and_shapes()
+    if args.tp is None:
+        config = swept_tp(config, shapes)
+        opts = config.options
     if not args.allow_drift:
         from dskbench.registry.load import drift_message
 

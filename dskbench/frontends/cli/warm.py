@@ -9,7 +9,7 @@ from pathlib import Path
 from dskbench.frontends.cli import args as types
 from dskbench.frontends.cli import common
 from dskbench.frontends.cli.common import EXIT_OK, EXIT_USAGE, SWEEPS
-from dskbench.frontends.cli.plan import plan
+from dskbench.frontends.cli.plan import plan, swept_tp
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     wm.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
     wm.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
     wm.add_argument(
-        "--tp", type=types.positive_ints, default=(1,), help="tensor-parallel degrees (default 1)"
+        "--tp",
+        type=types.positive_ints,
+        help="tensor-parallel degrees (default: 1,4,8, those the profile sweeps)",
     )
     types.add_selection(wm)
     wm.add_argument(
@@ -46,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from dskbench.execution.config import RunConfig
-    from dskbench.execution.items import SweepOptions
+    from dskbench.execution.items import DEFAULT_TP, SweepOptions
     from dskbench.execution.warm import default_jobs, warm
 
     device, note = common.device_choice(args.device)
@@ -66,7 +68,7 @@ def command(args: argparse.Namespace) -> int:
         device=device,
         phases=tuple(common.sweeps(args.sweep)),
         profile="cpu" if device == "cpu" else "full",
-        tp=args.tp,
+        tp=args.tp or DEFAULT_TP,
         seed=0,
         measure_ceilings=False,
         case_timeout_s=args.case_timeout,
@@ -79,6 +81,9 @@ def command(args: argparse.Namespace) -> int:
         points=tuple(args.point or ()),
     )
     registry, shapes = common.registry_and_shapes()
+    if args.tp is None:
+        config = swept_tp(config, shapes)
+        options = config.options
     items, _skips = plan(config, registry, shapes)
     warm(items, options, args.jobs or default_jobs(), tokens, args.out)
     return EXIT_OK
