@@ -539,3 +539,137 @@ def test_the_pick_model_never_imports_the_renderers():
                 f"{f.name}: {m}" for m in mods if m.startswith(("dskbench.report", "dskbench.frontends"))
             ]
     assert reach == []
+
+
+# -- speculative decoding in the launch command, Hopper candidates, tp 8 ----------------------------------
+
+SPEC_FLAGS = """
+  --speculative-algorithm: {field: speculative_algorithm, choices: [EAGLE, NEXTN]}
+  --speculative-num-steps: {field: speculative_num_steps, type: int}
+  --speculative-num-draft-tokens: {field: speculative_num_draft_tokens, type: int}
+backend_flags:"""
+
+
+def _spec_dep(tmp_path, flags: str):
+    text = DEPLOYMENT.replace("\nbackend_flags:", SPEC_FLAGS, 1).replace(
+        "draft_layer: moe}", "draft_layer: moe,\n    flags: {" + flags + "}}"
+    )
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    return load_deployment(default_shapes(), p)
+
+
+def test_launch_command_turns_on_speculative_decoding_when_its_rows_are_picked(tmp_path):
+    d = _spec_dep(
+        tmp_path,
+        "--speculative-algorithm: EAGLE, --speculative-num-steps: num_steps, "
+        "--speculative-num-draft-tokens: num_draft_tokens",
+    )
+    assert d.speculative_flags == {
+        "--speculative-algorithm": "EAGLE",
+        "--speculative-num-steps": "3",  # the shapes file's SGLang defaults, evaluated
+        "--speculative-num-draft-tokens": "4",
+    }
+    lc = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1], dep=d).launch
+    assert lc.argv[-6:] == [
+        "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"
+    ]  # fmt: skip
+    assert lc.speculative == ["--speculative-algorithm", "--speculative-num-steps", "--speculative-num-draft-tokens"]
+    p = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1], dep=d)
+    assert "Speculative decoding (NextN draft layer, EAGLE)" in render_markdown(p)
+    assert render_json(p)["launch"]["speculative"] == lc.speculative
+    # no NextN/EAGLE row measured (enorm is the only one here): no speculative flags
+    plain = [r for r in scenario() if r["op"] != "enorm"]
+    lc2 = pick([run_of(plain)], "NVIDIA H200", phases=["decode"], batches=[1], dep=d).launch
+    assert not any(a.startswith("--speculative") for a in lc2.argv) and lc2.speculative == []
+    # a prefill-only pick never turns it on
+    pre = pick([run_of(scenario())], "NVIDIA H200", phases=["prefill"], batches=[1], dep=d).launch
+    assert not any(a.startswith("--speculative") for a in pre.argv)
+
+
+def test_speculative_flag_values_are_checked(tmp_path):
+    with pytest.raises(DeploymentError, match="--speculative-algorithm 'MEDUSA' is not an accepted value"):
+        _spec_dep(tmp_path, "--speculative-algorithm: MEDUSA")
+    with pytest.raises(DeploymentError, match="--speculative-num-steps '-1' is not a positive whole number"):
+        _spec_dep(tmp_path, "--speculative-num-steps: num_steps - 4")
+
+
+def test_real_deployment_turns_on_eagle_with_sglangs_flag_names():
+    d = load_deployment(default_shapes())
+    assert d.speculative_flags == {
+        "--speculative-algorithm": "EAGLE",
+        "--speculative-num-steps": "3",
+        "--speculative-eagle-topk": "1",
+        "--speculative-num-draft-tokens": "4",
+    }
+    # every flag is a field of sglang 0.5.16's ServerArgs (`--` + the field name, dashes for underscores)
+    for flag in d.speculative_flags:
+        assert d.server_flags[flag]["field"] == flag[2:].replace("-", "_")
+
+
+def _part_runs_on_hopper(shapes, reg, phase, op, kernels, variant, backends) -> bool:
+    """Whether a sweep plans a case of one of `kernels` at `op` with one of `backends` allowed on sm90
+    (the planner's rule: the registry's ops with the adapter's role, else the adapter's own ops)."""
+    from dskbench.adapters import get_adapter
+
+    for k in kernels:
+        entry, ad = reg.get(k), get_adapter(k)
+        if entry is None or ad is None:
+            continue
+        ops = [o for o in entry.op_names if shapes.ops.get(o) and shapes.ops[o].roles.get(ad.role)]
+        if op not in (ops or list(ad.ops)):
+            continue
+        cases = shapes.cases(k, [op], ad.role, phase, tp=[1, 4, 8])
+        if not [c for c in cases if variant is None or c.variant == variant]:
+            continue
+        if any((backends is None or b.name in backends) and b.requires.allows(90) for b in ad.all_backends()):
+            return True
+    return False
+
+
+def test_every_row_of_the_real_deployment_has_a_candidate_a_hopper_sweep_measures():
+    """q_b_proj / kv_b_proj (BF16 in this checkpoint) and eh_proj (the NextN projection, a BF16 nn.Linear)
+    read cuBLAS BF16 (fp8_scaled_mm's torch.mm.bf16 backend): every row names something the default sweep
+    measures on an H100/H200."""
+    from dskbench.registry.load import load_registry
+
+    shapes, reg = default_shapes(), load_registry()
+    d = load_deployment(shapes)
+    lacking = []
+    for phase, rows in d.rows.items():
+        for r in rows:
+            cands = []
+            for pat in r.kernels:
+                k, _, b = pat.partition("/")
+                cands.append([(r.op, (k,), r.variant, (b,) if b else None)])
+            cands += [[(p.op, p.kernels, p.variant, p.backends) for p in c.parts] for c in r.paths if not c.what_if]
+            if not any(all(_part_runs_on_hopper(shapes, reg, phase, *part) for part in c) for c in cands):
+                lacking.append(f"{phase} {r.name}")
+    assert lacking == []
+    eh = next(r for r in d.rows["decode"] if r.name == "eh_proj")
+    assert eh.scope == "nextn" and eh.kernels == ("fp8_scaled_mm/torch.mm.bf16",)
+    assert shapes.weight_format("eh_proj") == "bf16"
+
+
+def test_pick_at_tp_8_on_results_with_tp_8_data(tmp_path, capsys):
+    """Per-rank shapes measured at tp 8 (the default sweep's tp 1,4,8): `pick --tp 8` reads the tp 8 records
+    of the tp-dependent rows and the tp-free rows alike."""
+    from tests.fake_results import write_runs
+
+    recs = [r for r in scenario() if not (r["op"] == "act_fn" and r["point"].get("tp") == 1)]
+    recs += [rec("ark", "all_reduce", "custom", b, 6.0, tp=8) for b in (1, 16)]
+    f = write_runs([run_of(recs)], tmp_path / "tp8.jsonl")
+    assert cli_pick([f], "decode", [1], 8, tmp_path / "out") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Backend pick: NVIDIA H200, tp=8") and re.search(r" --tp 8( |$)", out, re.M)
+    assert json.loads((tmp_path / "out" / "pick.json").read_text())["tp"] == 8
+    fake = tmp_path / "dep.yaml"
+    fake.write_text(DEPLOYMENT)
+    dep8 = load_deployment(default_shapes(), fake)
+    pk = pick([run_of(recs)], "NVIDIA H200", phases=["decode"], batches=[1], tp=8, dep=dep8)
+    by = {rp.row.name: rp for rp in pk.phases[0].rows}
+    assert by["act_fn"].cells[1].winner.median == pytest.approx(99.0)  # the tp 8 record
+    assert by["all_reduce"].cells[1].winner.median == pytest.approx(6.0)  # min_tp 2: a row at tp 8
+    assert by["input_layernorm"].cells[1].winner is not None  # tp-free rows read at any tp
+    assert pk.launch.argv[5:7] == ["--tp", "8"]
+    assert cli_pick([f], "decode", [1], 1, None) == 2  # no tp 1 record left for act_fn: refused

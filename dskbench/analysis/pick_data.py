@@ -251,8 +251,8 @@ def flag_problems(dep: Deployment) -> list[str]:
         if known is None:
             out.append(f"{where}: flag {flag} is not in server_flags")
         elif known.get("type") == "int":
-            if not value.isdigit():
-                out.append(f"{where}: {flag} {value!r} is not a whole number")
+            if not value.isdigit() or int(value) < 1:
+                out.append(f"{where}: {flag} {value!r} is not a positive whole number")
         elif value not in (known.get("choices") or []):
             out.append(f"{where}: {flag} {value!r} is not an accepted value")
     return out
