@@ -574,7 +574,11 @@ def test_launch_command_turns_on_speculative_decoding_when_its_rows_are_picked(t
     assert lc.argv[-6:] == [
         "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"
     ]  # fmt: skip
-    assert lc.speculative == ["--speculative-algorithm", "--speculative-num-steps", "--speculative-num-draft-tokens"]
+    assert lc.speculative == [
+        "--speculative-algorithm",
+        "--speculative-num-steps",
+        "--speculative-num-draft-tokens",
+    ]
     p = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1], dep=d)
     assert "Speculative decoding (NextN draft layer, EAGLE)" in render_markdown(p)
     assert render_json(p)["launch"]["speculative"] == lc.speculative
@@ -642,7 +646,9 @@ def test_every_row_of_the_real_deployment_has_a_candidate_a_hopper_sweep_measure
             for pat in r.kernels:
                 k, _, b = pat.partition("/")
                 cands.append([(r.op, (k,), r.variant, (b,) if b else None)])
-            cands += [[(p.op, p.kernels, p.variant, p.backends) for p in c.parts] for c in r.paths if not c.what_if]
+            cands += [
+                [(p.op, p.kernels, p.variant, p.backends) for p in c.parts] for c in r.paths if not c.what_if
+            ]
             if not any(all(_part_runs_on_hopper(shapes, reg, phase, *part) for part in c) for c in cands):
                 lacking.append(f"{phase} {r.name}")
     assert lacking == []
