@@ -28,6 +28,7 @@ LINEAR_OPS = (
     "gate_up_proj",
     "down_proj",
     "shared_experts",
+    "eh_proj",  # the NextN layer's projection (BF16 nn.Linear; cuBLAS is fp8_scaled_mm's torch.mm.bf16)
 )
 NEVER_QUANTISED = frozenset({"gate"})  # sglang's MoEGate is a plain nn.Module in every checkpoint
 
