@@ -98,3 +98,16 @@ def test_plan_run_errors_name_what_is_wrong(registry):
 def test_visible_devices_reads_cuda_visible_devices_as_cuda_does(value, tokens):
     env = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
     assert visible_devices(env) == tokens
+
+
+def test_the_default_tp_is_every_deployment_degree_a_profile_sweeps():
+    """Per-rank shapes at tp 1, 4 and 8 by default; a profile keeps the degrees its shapes file sweeps."""
+    from dskbench.execution.items import DEFAULT_TP
+    from dskbench.frontends.cli.plan import swept_tp
+
+    assert SweepOptions().tp == DEFAULT_TP == (1, 4, 8) and SHAPES.values("tp", "full") == [1, 4, 8]
+    got = {
+        prof: swept_tp(RunConfig(options=SweepOptions(device="cuda", profile=prof)), SHAPES).tp
+        for prof in ("full", "quick", "cpu")
+    }
+    assert got == {"full": (1, 4, 8), "quick": (1, 8), "cpu": (1,)}

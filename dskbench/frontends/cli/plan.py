@@ -15,14 +15,16 @@ if TYPE_CHECKING:
 def plan(config: RunConfig, registry: dict[str, Any], shapes: Any) -> tuple[list[Any], list[dict[str, Any]]]:
     """The work items and the planned skips of `config`; bad options raise UsageError saying which."""
     from dskbench.execution.config import plan_run
-    from dskbench.execution.items import PlanError
+    from dskbench.execution.items import DEFAULT_TP, PlanError
     from dskbench.execution.selection import SelectionError
 
+    if config.tp == DEFAULT_TP:  # the default, not a request: the degrees of it the profile sweeps
+        config = swept_tp(config, shapes)
     check_tp(config.tp, shapes, config.profile)
-    swept_tp = shapes.values("tp", config.profile)
+    degrees = shapes.values("tp", config.profile)
 
     def check(items: list[Any], skips: list[Any], replan: Replan) -> None:
-        check_plan(items, skips, config.options, replan, swept_tp)
+        check_plan(items, skips, config.options, replan, degrees)
 
     try:
         return plan_run(config, registry, shapes, check)
