@@ -48,6 +48,33 @@ def moe_gemm_reference(
     return (out * topk_weights.flatten().float().unsqueeze(1)).view(t, k, weights.n)
 
 
+def routed_experts_reference(
+    x: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    fp8_intermediate: bool = False,
+) -> torch.Tensor:
+    """Routed experts in fp32 from top-k ids/weights; GEMM1 rows are [up; gate] (TRT-LLM/CUTLASS order).
+
+    out[t] = sum_j w[t, j] * down_e(silu(x W1_gate^T) * (x W1_up^T)); ``fp8_intermediate`` passes the
+    activation through a 1x128 FP8 quantisation (DeepSeek-FP8 GEMM2 input).
+    """
+    t, inter = x.shape[0], w13.n // 2
+    out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
+    c13: dict[tuple[int, int], torch.Tensor] = {}
+    c2: dict[tuple[int, int], torch.Tensor] = {}
+    for experts in share_groups(torch.unique(ids).tolist(), w13, w2):
+        tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
+        h = x[tok] @ w13.dequant(experts[0], c13).t()
+        act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
+        if fp8_intermediate:
+            act = quant_dequant_groups(act)
+        out.index_add_(0, tok, (act @ w2.dequant(experts[0], c2).t()) * weights[tok, slot].unsqueeze(1))
+    return out
+
+
 def grouped_gemm_reference(a: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> torch.Tensor:
     """Expert-ordered grouped GEMM in fp32: rows offsets[e]:offsets[e+1] of `a` times W[e]^T."""
     out = torch.zeros(a.shape[0], weights.n, dtype=torch.float32, device=a.device)

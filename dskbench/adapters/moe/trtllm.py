@@ -28,7 +28,7 @@ from dskbench.adapters.moe.inputs import (
     topk,
     weight_bytes,
 )
-from dskbench.adapters.moe.reference import quant_dequant_groups, share_groups
+from dskbench.adapters.moe.reference import routed_experts_reference
 from dskbench.shapes.cases import Case
 
 TRTLLM_DEEPSEEK_ROUTING = 2  # flashinfer.tllm_enums.RoutingMethodType.DeepSeekV3
@@ -64,18 +64,7 @@ def moe_layer_reference(
     """
     top_k, n_group, topk_group, scale = routing
     weights, ids = grouped_topk(logits, bias, top_k, n_group, topk_group, True, scale)
-    t, inter = x.shape[0], w13.n // 2
-    out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
-    c13: dict[tuple[int, int], torch.Tensor] = {}
-    c2: dict[tuple[int, int], torch.Tensor] = {}
-    for experts in share_groups(torch.unique(ids).tolist(), w13, w2):
-        tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
-        h = x[tok] @ w13.dequant(experts[0], c13).t()
-        act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
-        if fp8_intermediate:
-            act = quant_dequant_groups(act)
-        out.index_add_(0, tok, (act @ w2.dequant(experts[0], c2).t()) * weights[tok, slot].unsqueeze(1))
-    return out
+    return routed_experts_reference(x, w13, w2, ids, weights, fp8_intermediate)
 
 
 def _layer_routing(case: Case) -> tuple[int, int, int, float]:
