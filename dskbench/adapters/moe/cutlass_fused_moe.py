@@ -175,9 +175,11 @@ class CutlassFusedMoe(Adapter):
             return moe_refs(inputs).get("w4a4")  # NVFP4 x and SwiGLU output, routed_scaling_factor applied
         w13 = ExpertWeights(fmt, inputs["w13"], inputs.get("w13_scale"))
         w2 = ExpertWeights(fmt, inputs["w2"], inputs.get("w2_scale"))
-        fp8 = fmt == "fp8_block"
-        x = quant_dequant_groups(inputs["x"]) if fp8 else inputs["x"].float()
-        return routed_experts_reference(x, w13, w2, inputs["topk_ids"], inputs["topk_weights"], fp8)
+        if fmt == "fp8_block":  # activations quantised 1x128 before each GEMM, inside the call
+            x, act_quant = quant_dequant_groups(inputs["x"]), quant_dequant_groups
+        else:
+            x, act_quant = inputs["x"].float(), None
+        return routed_experts_reference(x, w13, w2, inputs["topk_ids"], inputs["topk_weights"], act_quant)
 
     def tolerance(self, out: Any, case: Case) -> float:
         # FP8: the kernel rounds GEMM1's output to bf16 before its 1x128 re-quantisation; NVFP4: as

@@ -3,6 +3,8 @@ the integer bookkeeping kernels, and the target name of an sgl-kernel op."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from dskbench.adapters.common import fp8
@@ -54,12 +56,12 @@ def routed_experts_reference(
     w2: ExpertWeights,
     ids: torch.Tensor,
     weights: torch.Tensor,
-    fp8_intermediate: bool = False,
+    act_quant: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed experts in fp32 from top-k ids/weights; GEMM1 rows are [up; gate] (TRT-LLM/CUTLASS order).
 
-    out[t] = sum_j w[t, j] * down_e(silu(x W1_gate^T) * (x W1_up^T)); ``fp8_intermediate`` passes the
-    activation through a 1x128 FP8 quantisation (DeepSeek-FP8 GEMM2 input).
+    out[t] = sum_j w[t, j] * down_e(silu(x W1_gate^T) * (x W1_up^T)); ``act_quant`` is what the kernel's
+    quantisation of the GEMM2 input leaves of it (e.g. quant_dequant_groups for DeepSeek FP8).
     """
     t, inter = x.shape[0], w13.n // 2
     out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
@@ -69,8 +71,8 @@ def routed_experts_reference(
         tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
         h = x[tok] @ w13.dequant(experts[0], c13).t()
         act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
-        if fp8_intermediate:
-            act = quant_dequant_groups(act)
+        if act_quant is not None:
+            act = act_quant(act)
         out.index_add_(0, tok, (act @ w2.dequant(experts[0], c2).t()) * weights[tok, slot].unsqueeze(1))
     return out
 
