@@ -65,15 +65,15 @@ def routed_experts_reference(
     """
     t, inter = x.shape[0], w13.n // 2
     out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
-    c13: dict[tuple[int, int], torch.Tensor] = {}
-    c2: dict[tuple[int, int], torch.Tensor] = {}
+    # one group per storage: each expert is dequantised once and freed after its group (on a GPU, keeping
+    # all 256 fp32 experts would take ~45 GB at BF16 sizes)
     for experts in share_groups(torch.unique(ids).tolist(), w13, w2):
         tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
-        h = x[tok] @ w13.dequant(experts[0], c13).t()
+        h = x[tok] @ w13.dequant(experts[0], {}).t()
         act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
         if act_quant is not None:
             act = act_quant(act)
-        out.index_add_(0, tok, (act @ w2.dequant(experts[0], c2).t()) * weights[tok, slot].unsqueeze(1))
+        out.index_add_(0, tok, (act @ w2.dequant(experts[0], {}).t()) * weights[tok, slot].unsqueeze(1))
     return out
 
 
