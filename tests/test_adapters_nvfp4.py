@@ -583,7 +583,7 @@ def test_cutlass_fused_moe_bind_matches_flashinfer_checks(fake_gpu_libs: dict[st
     case = small_moe_case(a.kernel)
     x = a.make_inputs(case, "cpu", 20)
     fn = Recorder([torch.zeros(5, 128, dtype=torch.bfloat16)])
-    nvfp4_group_mm._bind_cutlass_fused_moe(fn, x, case)()
+    nvfp4_group_mm.bind_cutlass_fused_moe_nvfp4(fn, x, case)()
     _, kw = fn.calls[0]
     assert is_(kw["fc1_expert_weights"], torch.long, (16, 128, 128 // 16))
     assert kw["fc2_expert_weights"].shape == (16, 128, 64 // 16)

@@ -46,6 +46,7 @@ ROLES = frozenset(
         "mla_prefill",
         "moe",
         "moe_gemm",
+        "moe_layer",
         "norm",
         "quant",
         "rope",

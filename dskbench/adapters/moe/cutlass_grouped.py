@@ -21,6 +21,7 @@ from dskbench.adapters.common.routing import expert_counts, sorted_by_expert
 from dskbench.adapters.moe.inputs import (
     BF16,
     GROUP,
+    fused_sum,
     interleave_w4a8_scales,
     make_expert_weights,
     moe_gemm_dims,
@@ -106,7 +107,7 @@ class _Fp8GroupedMm(Adapter):
     ops = ("experts",)
 
     def applies(self, case: Case) -> bool:
-        return case.dims.get("weight") == "fp8_block"
+        return case.dims.get("weight") == "fp8_block" and not fused_sum(case)
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         _t, e, _topk_, n, k, _ = moe_gemm_dims(case)
@@ -225,7 +226,7 @@ class CutlassW4a8MoeMm(Adapter):
     ]
 
     def applies(self, case: Case) -> bool:
-        return case.dims.get("weight") == "w4a8"
+        return case.dims.get("weight") == "w4a8" and not fused_sum(case)
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         _t, e, _topk_, n, k, _ = moe_gemm_dims(case)

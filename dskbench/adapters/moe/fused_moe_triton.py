@@ -3,6 +3,11 @@
 Weight formats benchmarked (``moe_gemm`` role variants): BF16 and FP8 128x128-block. The NVFP4 checkpoint
 itself has no Triton path: on sm90 SGLang runs its routed experts with the Marlin W4A16 MoE (catalogue
 5.16). Expert weights are counted in ``traffic`` for the experts the seed-0 routing activates.
+
+``down_sum.*`` variants run the down GEMM in its FUSE_SUM_ALL_REDUCE mode (SGLang
+``--enable-fused-moe-sum-all-reduce``, top_k > 2): each (token, slot) row is atomically added into a zeroed
+[T, H] output, so the top-k sum needs no moe_sum_reduce kernel; the zeroing is part of the timed call, as
+fused_experts does it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dskbench.adapters.common.inputs import generator, randn
 from dskbench.adapters.moe.inputs import (
     BF16,
     GROUP,
+    fused_sum,
     make_expert_weights,
     moe_gemm_dims,
     n_active,
@@ -72,11 +78,14 @@ def _bind_fused_moe(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[],
     cfg.pop("USE_TMA", None)  # the TMA down path (tuned *_down.json) is not benchmarked
     topk_ids, topk_weights = inputs["topk_ids"], inputs["topk_weights"]
     sorted_ids, expert_ids, n_post = moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], e)
-    shape = (t * topk, n) if gate_up else (t, topk, n)
+    summed = fused_sum(case)
+    shape = (t * topk, n) if gate_up else ((t, n) if summed else (t, topk, n))
     c = torch.empty(shape, dtype=BF16, device=inputs["a"].device)
     a, w, w_scale = inputs["a"], inputs["w"], inputs.get("w_scale")
 
     def launch() -> torch.Tensor:
+        if summed:
+            c.zero_()  # the atomic adds accumulate into it
         fn(
             a,
             w,
@@ -101,6 +110,7 @@ def _bind_fused_moe(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[],
             per_channel_quant=False,
             block_shape=block_shape,
             filter_expert=False,  # EP = 1: every expert is local
+            fuse_sum_all_reduce=summed,
             router_topk=1 if gate_up else topk,
         )
         return c
@@ -115,7 +125,8 @@ class FusedMoeKernel(Adapter):
     ops = ("experts",)
     description = (
         "Triton grouped MoE GEMM as invoke_fused_moe_kernel runs it: gate_up (A=hidden, top_k=K) or down "
-        "(A=intermediate, x routing weight); FP8 variant quantises A per 1x128 group inside the call."
+        "(A=intermediate, x routing weight; down_sum: top-k sum fused in); FP8 variant quantises A per "
+        "1x128 group inside the call."
     )
     backends = [
         Backend(
@@ -150,9 +161,10 @@ class FusedMoeKernel(Adapter):
         *_, gate_up = moe_gemm_dims(case)
         fmt = case.dims["weight"]
         a = quant_dequant_groups(inputs["a"]) if fmt == "fp8_block" else inputs["a"].float()
-        return moe_gemm_reference(
+        out = moe_gemm_reference(
             a, weights_of(inputs, fmt), inputs["topk_ids"], inputs["topk_weights"], gate_up
         )
+        return out.sum(dim=1) if fused_sum(case) else out
 
     def traffic(self, case: Case) -> Traffic:
         t, _e, topk, n, k, gate_up = moe_gemm_dims(case)
@@ -160,7 +172,8 @@ class FusedMoeKernel(Adapter):
         a_rows = t if gate_up else t * topk
         weights = n_active(case) * weight_bytes(n, k, fmt)
         routing_bytes = t * topk * 4 * (1 if gate_up else 2)  # topk_ids (+ fp32 weights for down)
-        b = a_rows * k * 2 + weights + t * topk * n * 2 + routing_bytes
+        out_rows = t if fused_sum(case) else t * topk
+        b = a_rows * k * 2 + weights + out_rows * n * 2 + routing_bytes
         return Traffic(
             b,
             2 * t * topk * n * k,

@@ -59,6 +59,11 @@ def n_active(case: Case) -> int:
     )
 
 
+def fused_sum(case: Case) -> bool:
+    """A `down_sum.*` moe_gemm case: the down GEMM with the top-k sum fused in (Triton only)."""
+    return (case.variant or "").startswith("down_sum")
+
+
 def moe_gemm_dims(case: Case) -> tuple[int, int, int, int, int, bool]:
     """(T, E, topk, N, K, gate_up) of a moe_gemm case."""
     d = case.dims

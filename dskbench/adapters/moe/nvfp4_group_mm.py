@@ -28,7 +28,7 @@ def _swap_halves(t: torch.Tensor) -> torch.Tensor:
     return b.reshape(e, 2, r // 2, *b.shape[2:]).flip(1).reshape(b.shape).contiguous().view(t.dtype)
 
 
-def _bind_cutlass_fused_moe(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+def bind_cutlass_fused_moe_nvfp4(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
     """flashinfer cutlass_fused_moe as SGLang's flashinfer_cutlass MoE runner calls it for NVFP4
     (ModelOptNvFp4FusedMoEMethod: w13 up-first, 128x4-swizzled block scales viewed as int32)."""
     from flashinfer.fused_moe import ActivationType
@@ -230,7 +230,7 @@ class CutlassFp4GroupMm(Nvfp4Moe):
             "flashinfer.fused_moe:cutlass_fused_moe",
             "flashinfer-python",
             "jit",
-            _bind_cutlass_fused_moe,
+            bind_cutlass_fused_moe_nvfp4,
             requires=SM100,
             fallbacks=("flashinfer:cutlass_fused_moe",),
             label="fused MoE (replaces scaled_fp4_experts_quant + 2x cutlass_fp4_group_mm)",

@@ -3,6 +3,8 @@ the integer bookkeeping kernels, and the target name of an sgl-kernel op."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from dskbench.adapters.common import fp8
@@ -46,6 +48,33 @@ def moe_gemm_reference(
         return out
     assert topk_weights is not None
     return (out * topk_weights.flatten().float().unsqueeze(1)).view(t, k, weights.n)
+
+
+def routed_experts_reference(
+    x: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    act_quant: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Routed experts in fp32 from top-k ids/weights; GEMM1 rows are [up; gate] (TRT-LLM/CUTLASS order).
+
+    out[t] = sum_j w[t, j] * down_e(silu(x W1_gate^T) * (x W1_up^T)); ``act_quant`` is what the kernel's
+    quantisation of the GEMM2 input leaves of it (e.g. quant_dequant_groups for DeepSeek FP8).
+    """
+    t, inter = x.shape[0], w13.n // 2
+    out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
+    # one group per storage: each expert is dequantised once and freed after its group (on a GPU, keeping
+    # all 256 fp32 experts would take ~45 GB at BF16 sizes)
+    for experts in share_groups(torch.unique(ids).tolist(), w13, w2):
+        tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
+        h = x[tok] @ w13.dequant(experts[0], {}).t()
+        act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
+        if act_quant is not None:
+            act = act_quant(act)
+        out.index_add_(0, tok, (act @ w2.dequant(experts[0], {}).t()) * weights[tok, slot].unsqueeze(1))
+    return out
 
 
 def grouped_gemm_reference(a: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> torch.Tensor:

@@ -28,14 +28,14 @@ from dskbench.adapters.moe.inputs import (
     topk,
     weight_bytes,
 )
-from dskbench.adapters.moe.reference import quant_dequant_groups, share_groups
+from dskbench.adapters.moe.reference import quant_dequant_groups, routed_experts_reference
 from dskbench.shapes.cases import Case
 
 TRTLLM_DEEPSEEK_ROUTING = 2  # flashinfer.tllm_enums.RoutingMethodType.DeepSeekV3
 ROUTING_TIE_MARGIN = 1e-4  # fused-routing checks skip tokens whose expert choice is closer to a tie
 
 
-def _moe_layer_dims(case: Case) -> tuple[int, int, int, int, int]:
+def moe_layer_dims(case: Case) -> tuple[int, int, int, int, int]:
     d = case.dims
     return int(d["T"]), int(d["H"]), int(d["I"]), int(d["E"]), topk(case)
 
@@ -64,27 +64,17 @@ def moe_layer_reference(
     """
     top_k, n_group, topk_group, scale = routing
     weights, ids = grouped_topk(logits, bias, top_k, n_group, topk_group, True, scale)
-    t, inter = x.shape[0], w13.n // 2
-    out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
-    c13: dict[tuple[int, int], torch.Tensor] = {}
-    c2: dict[tuple[int, int], torch.Tensor] = {}
-    for experts in share_groups(torch.unique(ids).tolist(), w13, w2):
-        tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
-        h = x[tok] @ w13.dequant(experts[0], c13).t()
-        act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
-        if fp8_intermediate:
-            act = quant_dequant_groups(act)
-        out.index_add_(0, tok, (act @ w2.dequant(experts[0], c2).t()) * weights[tok, slot].unsqueeze(1))
-    return out
+    act_quant = quant_dequant_groups if fp8_intermediate else None
+    return routed_experts_reference(x, w13, w2, ids, weights, act_quant)
 
 
-def _layer_routing(case: Case) -> tuple[int, int, int, float]:
+def layer_routing(case: Case) -> tuple[int, int, int, float]:
     m = case.model
     return topk(case), int(m["n_group"]), int(m["topk_group"]), float(m["routed_scaling_factor"])
 
 
-def _trtllm_kwargs(case: Case) -> dict[str, Any]:
-    t, _h, inter, e, k = _moe_layer_dims(case)
+def trtllm_kwargs(case: Case) -> dict[str, Any]:
+    t, _h, inter, e, k = moe_layer_dims(case)
     m = case.model
     return {
         "num_experts": e,
@@ -101,7 +91,7 @@ def _trtllm_kwargs(case: Case) -> dict[str, Any]:
 
 
 def _moe_layer_traffic(case: Case, fmt: str, act_bytes: int) -> Traffic:
-    t, h, inter, e, k = _moe_layer_dims(case)
+    t, h, inter, e, k = moe_layer_dims(case)
     n_act = n_active(case)
     weights = n_act * (weight_bytes(2 * inter, h, fmt) + weight_bytes(h, inter, fmt))
     x = t * h * act_bytes + (t * (h // GROUP) * 4 if act_bytes == 1 else 0)
@@ -111,7 +101,7 @@ def _moe_layer_traffic(case: Case, fmt: str, act_bytes: int) -> Traffic:
     return Traffic(b, flops, note, compute="fp8" if act_bytes == 1 else "bf16")
 
 
-class _FusedMoeLayer(Adapter):
+class FusedMoeLayer(Adapter):
     """A whole routed-expert layer from router logits (the kernel routes itself): reference and check."""
 
     role = "moe"
@@ -122,7 +112,7 @@ class _FusedMoeLayer(Adapter):
         self, x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, inputs: dict[str, Any], case: Case
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(output fp32 [T, H], tokens whose routing is clear of ties [T] bool)."""
-        routing = _layer_routing(case)
+        routing = layer_routing(case)
         logits, bias = inputs["routing_logits"], inputs["routing_bias"]
         out = moe_layer_reference(x, w13, w2, logits, bias, routing, fp8_intermediate=self.fmt != "bf16")
         return out, routing_margin(logits, bias, *routing[:3]) >= ROUTING_TIE_MARGIN
@@ -169,7 +159,7 @@ def _bind_trtllm_bf16(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[
         return out
 
     g1, g2 = shuffle(inputs["w13"], True), shuffle(inputs["w2"], False)
-    kw = _trtllm_kwargs(case)
+    kw = trtllm_kwargs(case)
 
     def launch() -> torch.Tensor:
         return fn(
@@ -185,7 +175,7 @@ def _bind_trtllm_bf16(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[
 
 
 @register
-class TrtllmBf16Moe(_FusedMoeLayer):
+class TrtllmBf16Moe(FusedMoeLayer):
     kernel = "trtllm_bf16_moe"
     description = "TRT-LLM fused MoE, BF16: DeepSeekV3 routing + GEMM1 + SwiGLU + GEMM2 + finalize (sm100)"
     backends = [
@@ -201,7 +191,7 @@ class TrtllmBf16Moe(_FusedMoeLayer):
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
-        t, h, inter, e, _k = _moe_layer_dims(case)
+        t, h, inter, e, _k = moe_layer_dims(case)
         common, gen = _layer_common_inputs(case, device, seed)
         return {
             **common,
@@ -217,7 +207,7 @@ class TrtllmBf16Moe(_FusedMoeLayer):
 
 def _bind_trtllm_fp8(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
     """DeepSeek-FP8 block path as SGLang calls it: MajorK weights, no shuffle, scales [H/128, T]."""
-    kw = _trtllm_kwargs(case)
+    kw = trtllm_kwargs(case)
     x_scale_t = inputs["hidden_states_scale"].t().contiguous()
     out = torch.empty(inputs["hidden_states"].shape, dtype=BF16, device=inputs["hidden_states"].device)
 
@@ -242,7 +232,7 @@ def _bind_trtllm_fp8(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[]
 
 
 @register
-class TrtllmFp8BlockScaleMoe(_FusedMoeLayer):
+class TrtllmFp8BlockScaleMoe(FusedMoeLayer):
     kernel = "trtllm_fp8_block_scale_moe"
     fmt = "fp8_block"
     description = "TRT-LLM fused MoE, DeepSeek FP8 (1x128 activations, 128x128 weight blocks) (sm100)"
@@ -259,7 +249,7 @@ class TrtllmFp8BlockScaleMoe(_FusedMoeLayer):
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
-        t, h, inter, e, _k = _moe_layer_dims(case)
+        t, h, inter, e, _k = moe_layer_dims(case)
         common, gen = _layer_common_inputs(case, device, seed)
         x, x_scale = fp8.per_token_group_quant(randn((t, h), gen, device), GROUP)  # scale [T, H/128]
         w13 = make_expert_weights(e, 2 * inter, h, "fp8_block", device, gen)
