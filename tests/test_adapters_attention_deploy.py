@@ -116,10 +116,11 @@ class _FakeBatchAttention:
         self.cu, self.kv = qo_indptr.tolist(), (kv_indptr.tolist(), kv_indices, page_size)
         self.scale = sm_scale
 
-    def run(self, q, kv_cache, out=None):
+    def run(self, q, kv_cache, out=None, lse=None):
+        assert lse.shape == q.shape[:2] and lse.dtype == torch.float32
         k, v = (_gather_pages(c, *self.kv) for c in kv_cache)
         out.copy_(_loop_causal(q, k, v, self.cu, self.scale))
-        return out, torch.zeros(q.shape[:2])
+        return out, lse
 
 
 def _fake_varlen(*, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,

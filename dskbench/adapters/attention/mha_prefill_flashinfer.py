@@ -133,9 +133,10 @@ def _bind_batch_attention(fn: Any, inputs: dict[str, Any], case: Case) -> Callab
     )
     cache = (k.view(t, 1, nh, dq), v.view(t, 1, nh, dv))
     out = torch.empty(t, nh, dv, dtype=q.dtype, device=q.device)
+    lse = torch.empty(t, nh, dtype=torch.float32, device=q.device)  # run() always writes it
 
     def launch() -> torch.Tensor:
-        wrapper.run(q, cache, out=out)
+        wrapper.run(q, cache, out=out, lse=lse)
         return out
 
     return launch
