@@ -33,10 +33,12 @@ PHASES = ("decode", "decode_graph", "prefill")
 ROLES = frozenset(
     {
         "act",
+        "act_quant",
         "allreduce",
         "bmm",
         "concat_k",
         "concat_q",
+        "dsa_topk",
         "fp8_cast",
         "gemm",
         "hadamard",
