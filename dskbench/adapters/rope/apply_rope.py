@@ -18,7 +18,7 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.common.inputs import SGLANG_SM90
-from dskbench.adapters.rope.rotation import InplaceRope
+from dskbench.adapters.rope.rotation import InplaceRope, bind_positions_qk
 from dskbench.shapes.cases import Case
 
 
@@ -36,17 +36,6 @@ def _bind_rope_jit(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], 
 
     def launch() -> tuple[torch.Tensor, torch.Tensor]:
         fn(q, k, cache, pos, is_neox=False)
-        return q, k
-
-    return launch
-
-
-def _bind_rope_flashinfer(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    q, k, cache, pos = inputs["q_pe"], inputs["k_pe"], inputs["cos_sin_cache"], inputs["positions"]
-    head = q.shape[-1]
-
-    def launch() -> tuple[torch.Tensor, torch.Tensor]:
-        fn(pos, q, k, head, cache, False)
         return q, k
 
     return launch
@@ -71,6 +60,6 @@ class ApplyRopeAdapter(InplaceRope):
             "flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
             None,
             "jit",
-            _bind_rope_flashinfer,
+            bind_positions_qk,
         ),
     ]

@@ -3,29 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import torch
-
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Traffic
 from dskbench.adapters.common.inputs import nbytes
-from dskbench.adapters.rope.rotation import DTYPE, InplaceRope, rope_dims
+from dskbench.adapters.rope.rotation import DTYPE, InplaceRope, bind_positions_qk, rope_dims
 from dskbench.shapes.cases import Case
-
-
-def _bind_rotary(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    # (positions, query, key, head_size, cos_sin_cache, is_neox); cache in the query dtype.
-    q, k, cache, pos = inputs["q_pe"], inputs["k_pe"], inputs["cos_sin_cache"], inputs["positions"]
-    head = q.shape[-1]
-
-    def launch() -> tuple[torch.Tensor, torch.Tensor]:
-        fn(pos, q, k, head, cache, False)
-        return q, k
-
-    return launch
 
 
 @register
@@ -39,7 +22,7 @@ class RotaryEmbeddingAdapter(InplaceRope):
             "torch.ops.sgl_kernel.rotary_embedding.default",
             None,
             "aot",
-            _bind_rotary,
+            bind_positions_qk,
             preload=("sgl_kernel",),
         ),
         Backend(
@@ -47,7 +30,7 @@ class RotaryEmbeddingAdapter(InplaceRope):
             "sglang.jit_kernel.rope:rotary_embedding",
             None,
             "jit",
-            _bind_rotary,
+            bind_positions_qk,
             note="SGLang's CUDA fallback; DeepSeek (rope head 64) never takes it",
         ),
     ]

@@ -9,6 +9,7 @@ work); positions are random in range, int64 as in ForwardBatch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -108,3 +109,16 @@ class InplaceRope(Adapter):
 
     def traffic(self, case: Case) -> Traffic:
         return rope_traffic(case)
+
+
+def bind_positions_qk(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    """The in-place rope call shared by flashinfer and sgl_kernel: (positions, query, key, head_size,
+    cos_sin_cache, is_neox=False); returns the rotated q_pe, k_pe."""
+    q, k, cache, pos = inputs["q_pe"], inputs["k_pe"], inputs["cos_sin_cache"], inputs["positions"]
+    head = q.shape[-1]
+
+    def launch() -> tuple[torch.Tensor, torch.Tensor]:
+        fn(pos, q, k, head, cache, False)
+        return q, k
+
+    return launch
