@@ -8,6 +8,7 @@ order, so all three compute the same attention.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -96,8 +97,8 @@ def _bind_paged(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any
         q_data_type=q.dtype,
         kv_data_type=k.dtype,
     )
-    cache = (k.view(t, 1, nh, dq), v.view(t, 1, nh, dv))
     out = torch.empty(t, nh, dv, dtype=q.dtype, device=q.device)
+    cache = (k.view(t, 1, nh, dq), _same_page_stride(v, dq).view(t, 1, nh, -1)[..., :dv])
 
     def launch() -> torch.Tensor:
         wrapper.run(q, cache, out=out)
@@ -106,9 +107,47 @@ def _bind_paged(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any
     return launch
 
 
+def _same_page_stride(v: torch.Tensor, width: int) -> torch.Tensor:
+    """v [T, H, Dv] copied into rows of `width` (q/k's head dim): the paged kernel reads k and v with one
+    page stride, so a V cache of a narrower head dim lives in K-wide rows (the slice is what is read)."""
+    t, nh, dv = v.shape
+    padded = torch.zeros(t, nh, width, dtype=v.dtype, device=v.device)
+    padded[..., :dv] = v
+    return padded
+
+
+_OVERFLOW = re.compile(r"allocating memory for (\w+) with size (\d+)")
+
+
+def _plan_with_room(wrapper: Any, plan: Callable[[], None], device: torch.device) -> None:
+    """plan(), growing the float workspace when the holistic scheduler asks for more than it has.
+
+    BatchAttention's plan sizes its partial outputs by the work split, which at long causal prefills
+    exceeds the wrapper's 384 MB default; the error names the size it needs. The grown workspace is
+    shared by every bind of that size. A need beyond half the free GPU memory is an error that says so.
+    """
+    for _ in range(4):
+        try:
+            plan()
+            return
+        except RuntimeError as e:
+            hit = _OVERFLOW.search(str(e))
+            if not hit or "Increase the workspace" not in str(e):
+                raise
+            need = wrapper.float_workspace_buffer.numel() + int(hit.group(2))
+            free = torch.cuda.mem_get_info(device)[0]
+            if need > free // 2:
+                raise RuntimeError(
+                    f"BatchAttention.plan needs {need / 2**30:.1f} GiB of float workspace ({hit.group(1)}) "
+                    f"at this shape: more than half the free GPU memory ({free / 2**30:.1f} GiB)"
+                ) from None
+            wrapper.float_workspace_buffer = shared_workspace("flashinfer_holistic", need, device)
+    plan()
+
+
 def _bind_batch_attention(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    """The holistic wrapper owns a 384 MB float workspace; it is swapped for the shared one (runs are
-    sequential), so rotated input sets do not each hold one."""
+    """The holistic wrapper owns a 384 MB float workspace; it is swapped for a shared one (runs are
+    sequential), so rotated input sets do not each hold one, and grown when the plan needs more."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     t, nh, dq, dv = _dims(inputs)
     pt = _page_table(case, q.device)
@@ -116,20 +155,24 @@ def _bind_batch_attention(fn: Any, inputs: dict[str, Any], case: Case) -> Callab
     wrapper.float_workspace_buffer = shared_workspace(
         "flashinfer_mla", FLASHINFER_MLA_WORKSPACE_BYTES, q.device
     )
-    wrapper.plan(
-        pt["qo_indptr"],
-        pt["kv_indptr"],
-        pt["kv_indices"],
-        pt["kv_lens"],
-        nh,
-        nh,
-        dq,
-        dv,
-        1,
-        causal=True,
-        sm_scale=case_softmax_scale(case),
-        q_data_type=q.dtype,
-        kv_data_type=k.dtype,
+    _plan_with_room(
+        wrapper,
+        lambda: wrapper.plan(
+            pt["qo_indptr"],
+            pt["kv_indptr"],
+            pt["kv_indices"],
+            pt["kv_lens"],
+            nh,
+            nh,
+            dq,
+            dv,
+            1,
+            causal=True,
+            sm_scale=case_softmax_scale(case),
+            q_data_type=q.dtype,
+            kv_data_type=k.dtype,
+        ),
+        q.device,
     )
     cache = (k.view(t, 1, nh, dq), v.view(t, 1, nh, dv))
     out = torch.empty(t, nh, dv, dtype=q.dtype, device=q.device)
