@@ -104,7 +104,7 @@ def add_model(p: argparse.ArgumentParser, what: str) -> None:
         type=model,
         metavar="NAME",
         help=f"only {what} of ops this model runs: {', '.join(MODELS)} (deepseek-r1: the ops without "
-        "`models` in the shapes file; repeatable; default: every op)",
+        f"`models` in the shapes file; repeatable; default: all {what})",
     )
 
 
