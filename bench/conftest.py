@@ -39,6 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("dskbench", "dskbench case selection")
     g.addoption("--dskbench-kernel", action="append", help="kernel name or alias (repeatable; default all)")
     g.addoption("--dskbench-backend", action="append", help="backend name (repeatable)")
+    g.addoption("--dskbench-model", action="append", help="only ops this model runs, e.g. deepseek-v3.2")
     g.addoption("--dskbench-sweep", action="append", help="decode, prefill, decode_graph or all")
     g.addoption("--dskbench-device", default=os.environ.get("DSKBENCH_DEVICE"), help="cuda, cpu or auto")
     g.addoption("--dskbench-quick", action="store_true", help="quick sweep points and time budget")
@@ -61,6 +62,7 @@ class _Session:
             device=opt("dskbench_device"),
             kernels=opt("dskbench_kernel"),
             backends=opt("dskbench_backend"),
+            models=opt("dskbench_model"),
             sweep=opt("dskbench_sweep"),
             quick=opt("dskbench_quick"),
             tp=opt("dskbench_tp"),

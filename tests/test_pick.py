@@ -679,3 +679,58 @@ def test_pick_at_tp_8_on_results_with_tp_8_data(tmp_path, capsys):
     assert by["input_layernorm"].cells[1].winner is not None  # tp-free rows read at any tp
     assert pk.launch.argv[5:7] == ["--tp", "8"]
     assert cli_pick([f], "decode", [1], 1, None) == 2  # no tp 1 record left for act_fn: refused
+
+
+def test_real_deployment_shows_flashinfer_cutlass_fp8_and_bf16_moe_as_what_ifs():
+    """cutlass_fused_moe's FP8 block-scale and BF16 rows (flashinfer_cutlass runner, routing by moe_fused_gate)
+    are what-if paths of the real MoE row: shown with their sums, never picked, even when faster."""
+    from dskbench.adapters import get_adapter
+
+    dep = load_deployment(default_shapes())
+    moe = next(r for r in dep.rows["decode"] if r.name.startswith("MoE"))
+    by_name = {p.name: p for p in moe.paths}
+    ad = get_adapter("cutlass_fused_moe")
+    variants = {v["variant"] for v in default_shapes().ops["experts"].roles[ad.role]}
+    for name, variant, backend in [
+        ("flashinfer_cutlass (FP8-block weights)", "fp8", "flashinfer.fp8_block"),
+        ("flashinfer_cutlass (BF16 weights)", "bf16", "flashinfer.bf16"),
+    ]:
+        p = by_name[name]
+        assert p.what_if and p.flags == {"--moe-runner-backend": "flashinfer_cutlass"}
+        assert [(x.op, x.kernels, x.variant, x.backends) for x in p.parts] == [
+            ("topk", ("moe_fused_gate",), None, None),
+            ("experts", ("cutlass_fused_moe",), variant, (backend,)),
+        ]
+        assert variant in variants and backend in {b.name for b in ad.all_backends()}
+        assert ad.ops == ("experts",)
+    recs = []
+    for b in (1, 16):
+        recs += [
+            rec("moe_fused_gate", "topk", "flashinfer", b, 1.0),
+            rec("cutlass_fp4_group_mm", "experts", "sglang.fused_marlin_moe", b, 30.0, tp=1),
+            rec("cutlass_fused_moe", "experts", "flashinfer.fp8_block", b, 5.0, variant="fp8", tp=1),
+            rec("cutlass_fused_moe", "experts", "flashinfer.bf16", b, 8.0, variant="bf16", tp=1),
+            rec(
+                "cutlass_fused_moe",
+                "experts",
+                "flashinfer.nvfp4",
+                b,
+                variant="nvfp4",
+                tp=1,
+                status="skipped",
+                reason="needs sm100",
+            ),  # fmt: skip
+        ]
+    picker = Picker(ResultIndex([run_of(recs)], "decode", 1), dep, "decode", 1)
+    cell = picker.cell(row(picker, moe.name), 1, None)
+    assert cell.winner.name == "marlin" and cell.winner.median == pytest.approx(31.0)
+    shown = {o.name: o.median for o in cell.what_if}
+    assert shown["flashinfer_cutlass (FP8-block weights)"] == pytest.approx(6.0)
+    assert shown["flashinfer_cutlass (BF16 weights)"] == pytest.approx(9.0)
+    p = pick([run_of(recs)], "NVIDIA H200", phases=["decode"], batches=[1], dep=dep)
+    assert (
+        "what-if faster than the pick: B=1: flashinfer_cutlass (FP8-block weights) 6.00" in render_markdown(p)
+    )
+    text = json.dumps(render_json(p))
+    assert "flashinfer_cutlass (FP8-block weights)" in text and "flashinfer_cutlass (BF16 weights)" in text
+    assert p.launch.argv[p.launch.argv.index("--moe-runner-backend") + 1] == "marlin"

@@ -44,8 +44,10 @@ def test_config_from_env_parses_every_knob():
         "DSKBENCH_ASV_QUICK": "1",
         "DSKBENCH_ASV_TP": "1,8",
         "DSKBENCH_ASV_MODE": "hot",
+        "DSKBENCH_ASV_MODEL": "DeepSeek-V3.2",
     }
     config = suite_config.config_from_env(env)
+    assert config.models == ("deepseek-v3.2",)
     assert config.kernels == ("rmsnorm", "fused_add_rmsnorm") and config.backends == ("torch-ref",)
     assert config.phases == suite_config.SWEEPS and config.tp == (1, 8) and config.options.mode == "hot"
     assert config.profile == "cpu" and config.options.budget_s == 0.2  # a CPU run: the capped CPU sweep
@@ -57,6 +59,7 @@ def test_config_from_env_parses_every_knob():
     assert (
         info["kernels"] == ["rmsnorm", "fused_add_rmsnorm"] and info["mode"] == "hot" and info["tp"] == [1, 8]
     )
+    assert info["models"] == ["deepseek-v3.2"]
 
 
 def test_config_defaults_and_gpu_profiles():
@@ -77,6 +80,10 @@ def test_config_defaults_and_gpu_profiles():
         ({"device": "tpu"}, "device 'tpu'"),
         ({"tp": "1,x"}, "tp"),
         ({"budget": "fast"}, "budget"),
+        (
+            {"models": "deepseek-v4"},
+            "model: unknown model 'deepseek-v4'; known models: deepseek-r1, deepseek-v3.2",
+        ),
     ],
 )
 def test_config_rejects_bad_values(kw, match):

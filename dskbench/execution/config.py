@@ -4,7 +4,7 @@
 environment variables, pytest options) into one `RunConfig` and plan it with `plan_run`; nothing
 downstream knows which front end asked.
 
-    selection   kernels, backends, ops, points (and through the options: phases, profile, tp)
+    selection   kernels, backends, models, ops, points (and through the options: phases, profile, tp)
     options     SweepOptions: what the workers and the results file's `settings` record see
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 from dskbench.execution.items import SweepOptions, WorkItem
 
 Planned = tuple[list[WorkItem], list[dict[str, Any]]]
-Replan = Callable[[SweepOptions], Planned]
+# Plans again under other options; `by_model=False` leaves out the models filter (what it removed).
+Replan = Callable[..., Planned]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class RunConfig:
     backends: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()  # OP[:VARIANT], as in case ids (shapes-file aliases too)
     points: tuple[dict[str, int], ...] = ()  # each K=V must match; any point may
+    models: tuple[str, ...] = ()  # only ops one of these runs (dskbench.shapes.models names)
     # Plan every backend of each kernel even where it cannot run (pytest on a CPU lists the GPU
     # backends as skipped tests with their reason, so nothing disappears silently).
     all_backends: bool = False
@@ -61,6 +63,7 @@ class RunConfig:
             "backends": list(self.backends),
             "ops": list(self.ops),
             "points": [dict(p) for p in self.points],
+            "models": list(self.models),
             "all_backends": self.all_backends,
         }
 
@@ -72,6 +75,7 @@ class RunConfig:
             backends=tuple(d["backends"]),
             ops=tuple(d["ops"]),
             points=tuple(dict(p) for p in d["points"]),
+            models=tuple(d.get("models") or ()),
             all_backends=bool(d["all_backends"]),
         )
 
@@ -84,15 +88,17 @@ def plan_run(
 ) -> Planned:
     """The work items and planning skips `config` selects, numbered from 0.
 
-    `check` sees the plan before --op/--point filter it, with a function that plans again under other
-    options (the command line says why a plan is empty). Raises PlanError (unknown kernel or backend)
-    or SelectionError (an op or point that selects nothing)."""
+    `check` sees the plan the models filter left, before --op/--point filter it, with a function that
+    plans again under other options (the command line says why a plan is empty). Raises PlanError
+    (unknown kernel or backend) or SelectionError (an unknown model, an op or point that selects nothing)."""
     from dskbench.execution.runner import select_kernels
 
+    models = check_models(config.models)
     kernels = select_kernels(registry, list(config.kernels) or None)
 
-    def replan(opts: SweepOptions) -> Planned:
-        return _plan_kernels(config, registry, shapes, kernels, opts)
+    def replan(opts: SweepOptions, by_model: bool = True) -> Planned:
+        planned = _plan_kernels(config, registry, shapes, kernels, opts)
+        return keep_models(models, registry, shapes, *planned) if by_model else planned
 
     items, skips = replan(config.options)
     if check is not None:
@@ -117,6 +123,38 @@ def _plan_kernels(
         items += more
         skips += more_skips
     return items, skips
+
+
+def check_models(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The config's model names as the shapes file's keys; an unknown one is a SelectionError."""
+    from dskbench.execution.selection import SelectionError
+    from dskbench.shapes.models import ModelError, parse_model
+
+    try:
+        return tuple(dict.fromkeys(parse_model(m) for m in names))
+    except ModelError as e:
+        raise SelectionError(str(e)) from None
+
+
+def keep_models(
+    models: tuple[str, ...], registry: dict[str, Any], shapes: Any, items: list[WorkItem], skips: list
+) -> Planned:
+    """The planned cases of ops one of `models` runs (the shapes file's `models` of each case's op); a
+    kernel skipped at planning by its registry ops, else the ops its adapter picks."""
+    from dskbench.adapters import get_adapter
+    from dskbench.execution.selection import filter_models
+    from dskbench.shapes.models import op_models
+
+    def models_of(op: str) -> tuple[str, ...]:
+        spec = shapes.ops.get(op)
+        return op_models(spec.models if spec else ())
+
+    def kernel_ops(kernel: str) -> tuple[str, ...]:
+        ops = tuple(getattr(registry.get(kernel), "op_names", ()))
+        adapter = None if ops else get_adapter(kernel)
+        return ops or (tuple(adapter.ops) if adapter else ())
+
+    return filter_models(items, skips, models, models_of, kernel_ops)
 
 
 def select_cases(

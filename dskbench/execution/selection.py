@@ -1,4 +1,5 @@
-"""Picking cases on the command line (`--op`, `--point`), and the command that picks one case again.
+"""Picking cases on the command line (`--model`, `--op`, `--point`), and the command that picks one case
+again.
 
 Every result record carries `repro`: a `dskbench run` command line that selects exactly its case
 (kernel, backend, sweep, op and variant, sweep point, tp) and measures it as the run did (device,
@@ -116,6 +117,28 @@ def filter_plan(
     if sel.ops:
         wanted = {op for op, _ in sel.ops}
         skips = [s for s in skips if wanted & set(kernel_ops(s["kernel"]))]
+    return [dataclasses.replace(it, index=n) for n, it in enumerate(kept)], skips
+
+
+def filter_models(
+    items: list[Any],
+    skips: list[dict[str, Any]],
+    models: Sequence[str],
+    op_models: Callable[[str], Sequence[str]],
+    kernel_ops: Callable[[str], Sequence[str]],
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The planned work items of ops one of `models` runs (`op_models(op)`: the models that run it),
+    renumbered; a kernel skipped at planning stays when one of its ops (`kernel_ops`) is such an op.
+    No models: the plan as it is. A repro command needs no --model: its --op pins the op."""
+    if not models:
+        return items, skips
+    wanted = set(models)
+
+    def runs(op: str) -> bool:
+        return bool(wanted & set(op_models(op)))
+
+    kept = [i for i in items if runs(i.case["op"])]
+    skips = [s for s in skips if any(runs(op) for op in kernel_ops(s["kernel"]))]
     return [dataclasses.replace(it, index=n) for n, it in enumerate(kept)], skips
 
 

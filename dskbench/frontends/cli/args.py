@@ -84,8 +84,34 @@ def point(s: str) -> dict[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def model(s: str) -> str:
+    """A model name (`deepseek-r1`, `deepseek-v3.2`; any case), checked against the shapes file's models."""
+    from dskbench.shapes.models import ModelError, parse_model
+
+    try:
+        return parse_model(s)
+    except ModelError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_model(p: argparse.ArgumentParser, what: str) -> None:
+    """--model NAME (repeatable): only `what` of the ops that model runs."""
+    from dskbench.shapes.schema import MODELS
+
+    p.add_argument(
+        "--model",
+        action="append",
+        type=model,
+        metavar="NAME",
+        help=f"only {what} of ops this model runs: {', '.join(MODELS)} (deepseek-r1: the ops without "
+        f"`models` in the shapes file; repeatable; default: all {what})",
+    )
+
+
 def add_selection(p: argparse.ArgumentParser) -> None:
-    """--op and --point: the filters a record's repro command selects its one case with."""
+    """--model, --op and --point: the filters of run and warm (a record's repro command selects its one
+    case with --op and --point)."""
+    add_model(p, "cases")
     p.add_argument(
         "--op",
         action="append",

@@ -24,7 +24,7 @@ def plan(config: RunConfig, registry: dict[str, Any], shapes: Any) -> tuple[list
     degrees = shapes.values("tp", config.profile)
 
     def check(items: list[Any], skips: list[Any], replan: Replan) -> None:
-        check_plan(items, skips, config.options, replan, degrees)
+        check_plan(items, skips, config.options, replan, degrees, config.models)
 
     try:
         return plan_run(config, registry, shapes, check)
@@ -51,7 +51,14 @@ def check_tp(tp: tuple[int, ...], shapes: Any, profile: str) -> None:
         )
 
 
-def check_plan(items: list[Any], skips: list[Any], opts: Any, replan: Replan, swept_tp: list[int]) -> None:
+def check_plan(
+    items: list[Any],
+    skips: list[Any],
+    opts: Any,
+    replan: Replan,
+    swept_tp: list[int],
+    models: tuple[str, ...] = (),
+) -> None:
     """A plan with nothing to run and nothing to record is a mistake in the options: say which one."""
     if items or skips:
         return
@@ -63,6 +70,15 @@ def check_plan(items: list[Any], skips: list[Any], opts: Any, replan: Replan, sw
         why = f"their cases depend on tp and exist at --tp {','.join(map(str, with_tp))} only"
     elif replan(dataclasses.replace(all_tp, phases=SWEEPS))[0]:
         why = "they run in another sweep (--sweep all)"
+    elif models and any(replan(dataclasses.replace(all_tp, phases=SWEEPS), by_model=False)):
+        from dskbench.shapes.schema import MODELS
+
+        names = " or ".join(MODELS[m] for m in models)
+        asked_models = " ".join(f"--model {m}" for m in models)
+        why = (
+            f"none of their ops is one {names} runs ({asked_models}; "
+            f"`dskbench list --model {models[0]}` lists its kernels)"
+        )
     else:
         why = "no selected backend serves them on this device (`dskbench list` shows the backends)"
     raise UsageError(f"nothing to run: the selected kernels have no case in {asked}: {why}")

@@ -144,6 +144,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         backends=tuple(args.backend or ()),
         ops=tuple(args.op or ()),
         points=tuple(args.point or ()),
+        models=tuple(dict.fromkeys(args.model or ())),
     )
 
 

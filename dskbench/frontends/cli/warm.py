@@ -79,6 +79,7 @@ def command(args: argparse.Namespace) -> int:
         backends=tuple(args.backend or ()),
         ops=tuple(args.op or ()),
         points=tuple(args.point or ()),
+        models=tuple(dict.fromkeys(args.model or ())),
     )
     registry, shapes = common.registry_and_shapes()
     if args.tp is None:

@@ -19,6 +19,7 @@ ASV_ENV = {
     "device": "DSKBENCH_DEVICE",  # cuda | cpu | auto (default auto: cuda when NVML sees a GPU)
     "kernels": "DSKBENCH_ASV_KERNELS",  # comma-separated kernel names or aliases (default: all)
     "backends": "DSKBENCH_ASV_BACKENDS",  # comma-separated backend names (default: the runner's)
+    "models": "DSKBENCH_ASV_MODEL",  # comma-separated models, e.g. deepseek-v3.2 (default: every op)
     "sweep": "DSKBENCH_ASV_SWEEP",  # decode, prefill, decode_graph or all (default decode,prefill)
     "quick": "DSKBENCH_ASV_QUICK",  # 1: the quick sweep points and time budget
     "tp": "DSKBENCH_ASV_TP",  # comma-separated tensor-parallel degrees (default 1)
@@ -36,6 +37,7 @@ def parse_config(
     device: str | None = None,
     kernels: str | list[str] | None = None,
     backends: str | list[str] | None = None,
+    models: str | list[str] | None = None,
     sweep: str | list[str] | None = None,
     quick: str | bool | None = None,
     tp: str | list[int] | None = None,
@@ -66,6 +68,12 @@ def parse_config(
         raise SuiteError(f"budget {budget!r}: expected seconds") from None
     if budget_s is None and dev == "cpu":
         budget_s = 0.2  # as `dskbench run` on a CPU: the sweep ends in minutes
+    from dskbench.shapes.models import ModelError, parse_model
+
+    try:
+        model_names = tuple(dict.fromkeys(parse_model(m) for m in _words(models)))
+    except ModelError as e:
+        raise SuiteError(f"model: {e}") from None
     l2_mode = (mode or "cold").strip()
     if l2_mode not in MODES:
         raise SuiteError(f"mode {l2_mode!r}: choose from {', '.join(MODES)}")
@@ -82,6 +90,7 @@ def parse_config(
         options=options,
         kernels=tuple(_words(kernels)),
         backends=tuple(_words(backends)),
+        models=model_names,
         all_backends=all_backends,
     )
 
@@ -104,6 +113,7 @@ def selection_info(config: RunConfig) -> dict[str, Any]:
         "device": config.device,
         "kernels": list(config.kernels),
         "backends": list(config.backends),
+        "models": list(config.models),
         "phases": list(config.phases),
         "quick": config.profile == "quick",
         "tp": list(config.tp),
