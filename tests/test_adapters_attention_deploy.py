@@ -252,3 +252,61 @@ def test_pick_compares_the_deployed_attention_backends():
     fa3 = next(p for p in decode.paths if p.name == "fa3")
     assert fa3.flags == {"--decode-attention-backend": "fa3"}
     assert fa3.parts[0].matches("flash_attn_with_kvcache", "sgl_kernel")
+
+
+def test_batch_attention_plan_grows_the_float_workspace_it_is_asked_for(monkeypatch):
+    """flashinfer's holistic plan raises with the bytes it needs; the binder re-plans with that much more
+    (a shared buffer), and refuses a need beyond half the free GPU memory with a message naming it."""
+    import torch
+
+    from dskbench.adapters.attention import mha_prefill_flashinfer as m
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000, 20_000))
+
+    class Wrapper:
+        float_workspace_buffer = torch.empty(100, dtype=torch.uint8)
+
+    w, calls = Wrapper(), []
+
+    def plan() -> None:
+        calls.append(w.float_workspace_buffer.numel())
+        if w.float_workspace_buffer.numel() < 1000:
+            raise RuntimeError(
+                "Error in function 'aligned_alloc': Buffer overflow when allocating memory for "
+                "holistic_partial_o with size 900 and alignment 16, but only 100 bytes available in "
+                "AlignedAllocator. Increase the workspace buffer size."
+            )
+
+    m._plan_with_room(w, plan, torch.device("cpu"))
+    assert calls == [100, 1000]
+
+    w.float_workspace_buffer = torch.empty(100, dtype=torch.uint8)
+    calls.clear()
+
+    def greedy() -> None:
+        raise RuntimeError(
+            "Buffer overflow when allocating memory for holistic_partial_o with size 9000000 and alignment "
+            "16, but only 100 bytes available. Increase the workspace buffer size."
+        )
+
+    with pytest.raises(RuntimeError, match=r"needs .* GiB of float workspace \(holistic_partial_o\)"):
+        m._plan_with_room(w, greedy, torch.device("cpu"))
+
+    def other() -> None:
+        raise RuntimeError("Check failed: something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        m._plan_with_room(w, other, torch.device("cpu"))
+
+
+def test_paged_prefill_v_cache_has_k_page_stride_and_v_values():
+    import torch
+
+    from dskbench.adapters.attention import mha_prefill_flashinfer as m
+
+    t, nh, dq, dv = 5, 3, 192, 128
+    k, v = torch.randn(t, nh, dq), torch.randn(t, nh, dv)
+    vc = m._same_page_stride(v, dq).view(t, 1, nh, -1)[..., :dv]
+    kc = k.view(t, 1, nh, dq)
+    assert vc.stride(0) == kc.stride(0) and vc.stride(2) == kc.stride(2)
+    assert vc.shape == (t, 1, nh, dv) and torch.equal(vc.reshape(t, nh, dv), v)

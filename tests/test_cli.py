@@ -358,3 +358,19 @@ def test_a_tp_with_no_case_is_an_error_naming_the_tp_values_that_have_some(edit_
     )
     assert cli.main([*args, "--tp", "1,8"]) == 0
     assert "fake_tp_only/q_b_proj/decode/T=1,tp=8  torch-ref" in capsys.readouterr().out
+
+
+def test_second_sigterm_ends_quietly_not_with_a_traceback():
+    """The first SIGTERM raises Terminated (clean stop); the handler is then the default one, so a second
+    SIGTERM during clean-up ends the process instead of raising inside an atexit hook."""
+    import signal
+
+    from dskbench.frontends.cli.common import Terminated, on_sigterm
+
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with pytest.raises(Terminated):
+            on_sigterm(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -18,6 +18,11 @@ class Terminated(KeyboardInterrupt):
 
 
 def on_sigterm(signum: int, frame: Any) -> None:
+    """The first SIGTERM stops the command cleanly; a second one (a job runner signalling the whole
+    process group again, during clean-up or at exit) ends the process as SIGTERM does, without a traceback."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     raise Terminated()
 
 
