@@ -97,7 +97,7 @@ def estimate(p: Picker, batch: int, kv: int) -> Estimate:
         draft = draft_layer.plus(_layer_total(p, "", batch, kv, scope="nextn"))
         extra = _layer_total(p, "", batch, kv, scope="spec")
         est.spec_step = target.plus(draft, spec["draft_forwards"]).plus(extra)
-        own = f" (its own rows for {', '.join(replaced)})" if replaced else ""
+        own = f" (in BF16: its own rows in place of {', '.join(replaced)})" if replaced else ""
         est.spec_note = (
             f"target layers at T = {spec['target_tokens']}·B (tokens verified per request), "
             f"{spec['draft_forwards']} NextN draft forwards at T = B{own}, EAGLE kernels once"
