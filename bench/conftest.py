@@ -29,7 +29,7 @@ if importlib.util.find_spec("dskbench") is None:  # plain `pytest bench` in a ch
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dskbench.execution.config import RunConfig  # noqa: E402
-from dskbench.frontends.suite.config import label, parse_config, selection_info  # noqa: E402
+from dskbench.frontends.suite.config import SuiteError, label, parse_config, selection_info  # noqa: E402
 from dskbench.frontends.suite.measure import measure_kernel  # noqa: E402
 from dskbench.frontends.suite.plan import Plan  # noqa: E402
 from dskbench.frontends.suite.plan_cache import load_plan  # noqa: E402
@@ -94,8 +94,10 @@ class _Session:
         kernel = self.kernel_of(key)
         if kernel not in self.measured:
             keys = self.selected.get(kernel) or {key}
+            # the plan's config: the default tp cut to the profile's degrees, as `dskbench run` does
+            planned = self.plan.config
             self.measured[kernel] = measure_kernel(
-                kernel, self.plan.items(kernel, keys), self.config, keep_dir=self.keep_dir
+                kernel, self.plan.items(kernel, keys), planned, keep_dir=self.keep_dir
             )
         rec = self.measured[kernel]["cases"].get(key)
         if rec is None:
@@ -149,7 +151,11 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     """GPU identity next to pytest-benchmark's host info (its machine_id has no GPU in it)."""
     from dskbench.frontends.asv.machine import read_gpus
 
-    run = _session(config).config
+    s = _session(config)
+    try:
+        run = s.plan.config  # the tp degrees measured (the same whenever this runs: save or compare)
+    except SuiteError:
+        run = s.config  # the selection cannot be planned: collection says why
     try:
         gpus = read_gpus()
     except Exception as e:  # no NVML on this box

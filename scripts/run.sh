@@ -4,16 +4,40 @@
 # On a GPU box it first checks that torch can use the GPU, prints the expected time, and builds the
 # JIT caches on all GPUs (dskbench warm) so that the sweep times kernels, not compilers.
 #   bash scripts/run.sh [dskbench run options...]     e.g. --kernel rmsnorm --sweep decode
+# At the end (also after a failure) one line on stderr gives the wall seconds of each stage: set-up
+# (scripts/setup.sh, the registry check, the GPU check, the expected time), JIT warm-up (GPU only),
+# measuring, report; with the report, out/report-STAMP/main_job.json holds them and the exit status.
 # DSKBENCH_DRY_RUN=1 prints each step instead of running it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup.sh
 step() {
     if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi
 }
+SECONDS=0
+declare -A took=([setup]=0 [warm]=0 [measure]=0 [report]=0)
+stage=setup
+lap_start=0
+next_stage() {  # close the current stage's lap, open $1's
+    took[$stage]=$((took[$stage] + SECONDS - lap_start))
+    lap_start=$SECONDS
+    stage=$1
+}
+run_stamp="$(date -u +%Y%m%dT%H%M%SZ)"  # not `stamp`: setup.sh, sourced, has its own
+times_json=""  # set once the report folder exists
+finish() {
+    local rc=$?
+    trap - EXIT
+    next_stage done
+    local where=()
+    [ -z "$times_json" ] || where=(--out "$times_json")
+    step python3 -m dskbench.setup.mainjob times --status "$rc" ${where[@]+"${where[@]}"} \
+        "setup=${took[setup]}" "warm=${took[warm]}" "measure=${took[measure]}" "report=${took[report]}" || true
+    exit "$rc"
+}
+trap finish EXIT
+source scripts/setup.sh
 step python3 -m dskbench registry generate --check
-stamp="$(date -u +%Y%m%dT%H%M%SZ)"
-out="results/run-$stamp.jsonl"
+out="results/run-$run_stamp.jsonl"
 if [ "$DSKBENCH_GPU" = 1 ]; then
     step python3 -m dskbench.setup.stack cuda  # one line on a driver / CUDA / torch mismatch, exit 1
     if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then
@@ -23,11 +47,15 @@ if [ "$DSKBENCH_GPU" = 1 ]; then
         python3 -m dskbench run --dry-run --quick "$@" | python3 -m dskbench.setup.mainjob eta
         mapfile -d '' warm < <(python3 -m dskbench.setup.mainjob warm-args "$@")
     fi
+    next_stage warm
     step python3 -m dskbench warm --gpus all "${warm[@]}"
 fi
+next_stage measure
 status=0
 step python3 -m dskbench run --quick --out "$out" "$@" || status=$?
 [ "$status" -le 1 ] || exit "$status"  # 1 = a case wrong or in error: its results still make a report
-step python3 -m dskbench report "$out" --out "out/report-$stamp"
-echo "report: out/report-$stamp/index.html"
+next_stage report
+step python3 -m dskbench report "$out" --out "out/report-$run_stamp"
+times_json="out/report-$run_stamp/main_job.json"
+echo "report: out/report-$run_stamp/index.html"
 exit "$status"

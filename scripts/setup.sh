@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up a working environment (idempotent). Sourced by scripts/test.sh and scripts/run.sh.
-#  - No NVIDIA GPU (`nvidia-smi -L` lists none): a .venv with torch's CPU build, dskbench and its test
-#    tools (pytest, ruff, asv, ...), from the package index pip is configured with.
+#  - No NVIDIA GPU (`nvidia-smi -L` lists none): a .venv with torch (pinned), dskbench and its test tools
+#    (pytest, ruff, asv, ...), from the package index pip is configured with. On Linux x86_64 PyPI's torch
+#    is the CUDA build (several GB of nvidia-* wheels); for the CPU build (a few hundred MB) add PyTorch's CPU
+#    index first: export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 #  - An NVIDIA GPU: when this python3 already has pyproject's pinned GPU stack (torch, sglang-kernel,
 #    flashinfer-python, sglang at the `gpu` extra's versions), dskbench is installed into it; otherwise
 #    a .venv gets the `gpu` extra (the pinned stack, a large download) and, unless PIP_NO_INDEX is set,
@@ -52,8 +54,13 @@ if [ "$DSKBENCH_GPU" = 1 ]; then
 else
     want="$(sha256sum pyproject.toml | cut -c1-16)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        # torch first, pinned: this machine's pip finds the CPU build on disk; unpinned would pull CUDA wheels.
-        _step python3 -m pip install -q "torch==${DSKBENCH_TORCH:-2.13.0}"
+        # torch first, pinned (DSKBENCH_TORCH=VERSION for another), so that the test extra's torch is met by
+        # it. pip takes the build its index offers: with PyTorch's CPU index added, the CPU build
+        # (2.13.0+cpu ranks above PyPI's 2.13.0); with PyPI alone, the CUDA build.
+        torch_pin="torch==${DSKBENCH_TORCH:-2.13.0}"
+        echo "setup: no NVIDIA GPU: installing $torch_pin, dskbench and its test tools into .venv (for torch's" \
+            "CPU build, PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)" >&2
+        _step python3 -m pip install -q "$torch_pin"
         _step python3 -m pip install -q -e ".[test]"
         [ "${DSKBENCH_DRY_RUN:-0}" = 1 ] || echo "$want" > "$stamp"
     fi

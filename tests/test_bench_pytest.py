@@ -76,6 +76,7 @@ def test_pytest_benchmark_suite_on_cpu(fake_root, tmp_path):
     )  # GPU-only parametrisations: skipped, with the reason
     data = json.loads(out.read_text())
     assert data["machine_info"]["dskbench"]["device"] == "cpu" and data["machine_info"]["gpu"] is None
+    assert data["machine_info"]["dskbench"]["selection"]["tp"] == [1]  # run's default on a CPU (as measured)
     benches = {b["param"]: b for b in data["benchmarks"]}
     assert set(benches) == {f"fake_sleep/input_layernorm/decode/T={t}|torch-ref" for t in (1, 16)}
     b = benches["fake_sleep/input_layernorm/decode/T=16|torch-ref"]

@@ -4,7 +4,9 @@ detection through a fake nvidia-smi, the expected-time line, and scripts/run.sh'
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,14 +118,20 @@ def test_gpu_detection_through_nvidia_smi_on_path(tmp_path):
         assert got.returncode == rc
 
 
-def _dry_run(tmp_path: Path, gpu: bool, stack_rc: int, *args: str, **env: str) -> list[str]:
-    """scripts/run.sh in a copy of the checkout, printing its steps; the lines that are steps."""
+def _checkout(tmp_path: Path) -> Path:
+    """A copy of what scripts/run.sh reads (its scripts, pyproject.toml, the package as a link)."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     for name in ("setup.sh", "run.sh"):
         shutil.copy(ROOT / "scripts" / name, repo / "scripts" / name)
     shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
     (repo / "dskbench").symlink_to(ROOT / "dskbench")
+    return repo
+
+
+def _dry_run(tmp_path: Path, gpu: bool, stack_rc: int, *args: str, **env: str) -> list[str]:
+    """scripts/run.sh in a copy of the checkout, printing its steps; the lines that are steps."""
+    repo = _checkout(tmp_path)
     bin_ = _fake_bin(tmp_path, gpu, stack_rc)
     full_env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "DSKBENCH_DRY_RUN": "1", **env}
     full_env.pop("DSKBENCH_USE_SYSTEM_PYTHON", None) if "DSKBENCH_USE_SYSTEM_PYTHON" not in env else None
@@ -144,7 +152,7 @@ def test_run_sh_on_cpu_installs_the_cpu_stack_and_does_not_warm(tmp_path):
     assert steps[0] == "python3 -m venv .venv"
     assert any(s.startswith("python3 -m pip install -q torch==") for s in steps)
     assert "python3 -m pip install -q -e .[test]" in steps
-    assert not any("gpu" in s or "warm" in s or "dskbench.setup.stack cuda" in s for s in steps)
+    assert not any("gpu" in s or "dskbench warm" in s or "dskbench.setup.stack cuda" in s for s in steps)
     order = [
         _index(steps, p) for p in ("registry generate --check", "dskbench run --quick", "dskbench report")
     ]
@@ -167,6 +175,7 @@ def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_
     )
     order = [_index(steps, p) for p in parts]
     assert order == sorted(order)
+    assert steps[-1].startswith("python3 -m dskbench.setup.mainjob times --status 0 --out out/report-")
 
 
 def test_run_sh_offline_installs_only_the_gpu_extra(tmp_path):
@@ -256,3 +265,99 @@ def test_warm_takes_the_run_options_about_what_to_build():
         ]
     )
     assert got == ["--kernel", "rmsnorm", "--sweep=decode", "--tp", "1,8"]
+
+
+# -- the main job's wall time per stage -------------------------------------------------------------------
+
+STAGE_KEYS = ["setup", "warm", "measure", "report"]
+
+
+def test_dry_run_ends_with_the_stage_times_step(tmp_path):
+    last = _dry_run(tmp_path, False, 1)[-1].split()
+    assert last[:6] == ["python3", "-m", "dskbench.setup.mainjob", "times", "--status", "0"]
+    assert last[6] == "--out" and re.fullmatch(r"out/report-\d{8}T\d{6}Z/main_job\.json", last[7])
+    assert [a.split("=")[0] for a in last[8:]] == STAGE_KEYS
+    assert all(a.split("=")[1].isdigit() for a in last[8:])
+
+
+def _stub_bin(tmp_path: Path, gpu: bool, run_rc: int) -> Path:
+    """_fake_bin's nvidia-smi, and a python3 that installs nothing and stubs every `dskbench` command
+    (logging it; `report ... --out DIR` makes DIR; `run` exits run_rc); the rest runs for real."""
+    bin_ = _fake_bin(tmp_path, gpu, 0)
+    (bin_ / "python3").write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2 $3" in "-m dskbench.setup.stack check"|"-m dskbench.setup.stack tools"'
+        '|"-m dskbench.setup.stack cuda") exit 0;; esac\n'
+        '[ "$1 $2" = "-m pip" ] && exit 0\n'
+        'if [ "$1 $2" = "-m dskbench" ]; then\n'
+        f'  echo "$*" >> {tmp_path / "calls.log"}\n'
+        '  [ "$3" = report ] && mkdir -p "$6"\n'
+        '  [ "$3 $4" = "run --dry-run" ] && echo "3 cases to run" && exit 0\n'
+        f'  [ "$3" = run ] && exit {run_rc}\n'
+        "  exit 0\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    return bin_
+
+
+def _main_job(tmp_path: Path, gpu: bool, run_rc: int) -> tuple[subprocess.CompletedProcess, Path]:
+    repo = _checkout(tmp_path)
+    bin_ = _stub_bin(tmp_path, gpu, run_rc)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "DSKBENCH_USE_SYSTEM_PYTHON": "1"}
+    env.pop("DSKBENCH_DRY_RUN", None)
+    proc = subprocess.run(["bash", "scripts/run.sh"], cwd=repo, env=env, capture_output=True, text=True)
+    return proc, repo
+
+
+def _times_line(stderr: str) -> dict[str, int]:
+    line = stderr.strip().splitlines()[-1]
+    m = re.fullmatch(
+        r"main job: set-up (\d+) s, JIT warm-up (\d+) s, measuring (\d+) s, report (\d+) s; "
+        r"total (\d+) s; exit status (\d+)",
+        line,
+    )
+    assert m, line
+    got = dict(zip([*STAGE_KEYS, "total", "exit"], map(int, m.groups()), strict=True))
+    assert got["total"] == sum(got[k] for k in STAGE_KEYS)
+    return got
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_main_job_prints_and_writes_its_stage_times(tmp_path, gpu):
+    proc, repo = _main_job(tmp_path, gpu, 0)
+    assert proc.returncode == 0, proc.stderr
+    assert _times_line(proc.stderr)["exit"] == 0
+    (report,) = (repo / "out").glob("report-*")
+    doc = json.loads((report / "main_job.json").read_text())
+    assert list(doc["seconds"]) == STAGE_KEYS
+    assert all(isinstance(v, int) and v >= 0 for v in doc["seconds"].values())
+    assert doc["total_s"] == sum(doc["seconds"].values()) and doc["exit_status"] == 0
+    calls = (tmp_path / "calls.log").read_text()
+    assert ("dskbench warm --gpus all" in calls) == gpu  # the warm-up stage runs on a GPU only
+    if not gpu:
+        assert doc["seconds"]["warm"] == 0
+
+
+def test_main_job_times_carry_its_exit_status(tmp_path):
+    proc, repo = _main_job(tmp_path / "wrong", False, 1)  # a case wrong: the report is still made
+    assert proc.returncode == 1
+    assert _times_line(proc.stderr)["exit"] == 1
+    (report,) = (repo / "out").glob("report-*")
+    assert json.loads((report / "main_job.json").read_text())["exit_status"] == 1
+    proc, repo = _main_job(tmp_path / "stopped", False, 130)  # interrupted: no report, the line still
+    assert proc.returncode == 130
+    assert _times_line(proc.stderr)["exit"] == 130
+    assert not (repo / "out").exists()
+
+
+def test_stage_times_and_their_record():
+    secs = mainjob.stage_times(["measure=12", "setup=3"])
+    assert secs == {"setup": 3, "warm": 0, "measure": 12, "report": 0}
+    assert mainjob.times_record(secs, 1) == {"seconds": secs, "total_s": 15, "exit_status": 1}
+    assert mainjob.times_line(secs, 0) == (
+        "main job: set-up 3 s, JIT warm-up 0 s, measuring 12 s, report 0 s; total 15 s; exit status 0"
+    )
+    for bad in (["setup"], ["jit=3"], ["setup=-1"]):
+        with pytest.raises(ValueError):
+            mainjob.stage_times(bad)

@@ -3,6 +3,7 @@ bench/, on the CPU with the fake kernels of tests/fake_adapters.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -255,3 +256,39 @@ def test_replay_feeds_pytest_benchmark_statistics(tmp_path):
     bench = {b["name"]: b for b in json.loads(out.read_text())["benchmarks"]}["test_it"]
     assert bench["stats"]["data"] == [5e-6, 1e-6, 3e-6] and bench["stats"]["median"] == 3e-6
     assert bench["options"]["timer"] == "dskbench_gpu_replay_clock" and bench["extra_info"] == {"bytes": 123}
+
+
+# -- the same default tp as `dskbench run` ---------------------------------------------------------------
+
+
+def test_the_suites_default_tp_is_runs():
+    """No DSKBENCH_ASV_TP / --dskbench-tp: the degrees `dskbench run` measures by default (1, 4, 8, cut to
+    the profile's at planning); an explicit one is kept."""
+    from dskbench.execution.items import DEFAULT_TP, SweepOptions
+
+    assert suite_config.parse_config(device="cuda").tp == DEFAULT_TP == SweepOptions().tp
+    assert suite_config.config_from_env({"DSKBENCH_ASV_TP": "1"}).tp == (1,)
+    assert suite_config.parse_config(device="cuda", tp="8").tp == (8,)
+
+
+@pytest.mark.parametrize(
+    "kw, tps", [({"device": "cuda"}, (1, 4, 8)), ({"device": "cuda", "quick": "1"}, (1, 8)), ({}, (1,))]
+)
+def test_the_suites_plan_is_runs_plan(kw, tps):
+    """The asv / pytest-benchmark plan of a tp-dependent kernel holds the cases `dskbench run` plans with
+    the same selection, at the same tp degrees, and records the tp it measures."""
+    from dskbench import paths
+    from dskbench.frontends.cli.plan import plan as cli_plan
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    config = suite_config.parse_config(
+        **{"device": "cpu", **kw, "kernels": "silu_and_mul", "sweep": "decode"}
+    )
+    got = suite_plan.make_plan(config)
+    assert got.config.tp == tps
+    items, _ = cli_plan(config, load_registry(paths.REGISTRY_DIR), default_shapes())
+    assert sorted(got.keys("silu_and_mul")) == sorted(
+        {suite_plan.item_key(dataclasses.asdict(i)) for i in items}
+    )
+    assert {it["case"]["point"].get("tp") for it in got.items("silu_and_mul")} == set(tps)

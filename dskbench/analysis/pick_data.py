@@ -70,6 +70,7 @@ class RowSpec:
     kernels: tuple[str, ...] = ()  # "kernel" or "kernel/backend" fnmatch patterns
     what_if: tuple[tuple[str, str], ...] = ()  # (pattern, reason)
     paths: tuple[PathSpec, ...] = ()
+    replaces: str | None = None  # scope nextn: the layer row the NextN draft layer runs this row instead of
 
     def classify(self, kernel: str, backend: str) -> tuple[str, str] | None:
         """("candidate", "") or ("what_if", reason) for a measured kernel/backend at this row, else None."""
@@ -198,12 +199,16 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
                     kernels=_tuple(s.get("kernels")),
                     what_if=tuple((str(k), str(v)) for k, v in (s.get("what_if") or {}).items()),
                     paths=row_paths,
+                    replaces=str(s["replaces"]) if s.get("replaces") is not None else None,
                 )
             )
         names = [r.name for r in out]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise DeploymentError(f"{source}: phase {phase}: duplicate row names {', '.join(dup)}")
+        bad = replacement_problems(out)
+        if bad:
+            raise DeploymentError(f"{source}: phase {phase}: " + "; ".join(bad))
         rows[str(phase)] = out
     est = data.get("estimate") or {}
     env: dict[str, int | float] = {**shapes.config, **shapes.speculative}
@@ -230,6 +235,20 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
     if bad:
         raise DeploymentError(f"{source}: " + "; ".join(bad))
     return dep
+
+
+def replacement_problems(rows: list[RowSpec]) -> list[str]:
+    """`replaces` only on NextN rows, naming a layer row of the same phase (the draft layer's rows)."""
+    layer_rows = {r.name for r in rows if r.scope == "layer"}
+    out = []
+    for r in rows:
+        if r.replaces is None:
+            continue
+        if r.scope != "nextn":
+            out.append(f"row {r.name}: replaces is for scope nextn rows, not {r.scope}")
+        elif r.replaces not in layer_rows:
+            out.append(f"row {r.name}: replaces {r.replaces!r}, which is no layer row of this phase")
+    return out
 
 
 def all_flag_uses(dep: Deployment) -> list[tuple[str, str, str]]:

@@ -54,11 +54,14 @@ def _row_kv(p: Picker, row: RowSpec, kv: int) -> int | None:
     return kv if p.kv_values(row) != [None] else None
 
 
-def _layer_total(p: Picker, kind: str, batch: int, kv: int, scope: str = "layer") -> Total:
-    """Sum of the winners of one layer kind (or of the rows of another scope) at one batch point."""
+def _layer_total(
+    p: Picker, kind: str, batch: int, kv: int, scope: str = "layer", skip: frozenset[str] = frozenset()
+) -> Total:
+    """Sum of the winners of one layer kind (or of the rows of another scope) at one batch point, leaving
+    out the rows named in `skip`."""
     t = Total()
     for row in p.rows:
-        if row.scope != scope or (scope == "layer" and row.layers not in (None, kind)):
+        if row.scope != scope or (scope == "layer" and row.layers not in (None, kind)) or row.name in skip:
             continue
         w = p.cell(row, batch, _row_kv(p, row, kv)).winner
         if w is None:
@@ -88,15 +91,24 @@ def estimate(p: Picker, batch: int, kv: int) -> Estimate:
         tb = batch * spec["target_tokens"]
         target = Total().plus(_tag(_layer_total(p, "dense", tb, kv), tb), n_dense)
         target = target.plus(_tag(_layer_total(p, "moe", tb, kv), tb), n_moe)
-        draft_layer = _layer_total(p, p.dep.draft_layer, batch, kv)
+        # the draft layer: the target's layer rows, but for those a NextN row replaces (run in BF16)
+        replaced = draft_replaced(p)
+        draft_layer = _layer_total(p, p.dep.draft_layer, batch, kv, skip=frozenset(replaced))
         draft = draft_layer.plus(_layer_total(p, "", batch, kv, scope="nextn"))
         extra = _layer_total(p, "", batch, kv, scope="spec")
         est.spec_step = target.plus(draft, spec["draft_forwards"]).plus(extra)
+        own = f" (in BF16: its own rows in place of {', '.join(replaced)})" if replaced else ""
         est.spec_note = (
             f"target layers at T = {spec['target_tokens']}·B (tokens verified per request), "
-            f"{spec['draft_forwards']} NextN draft forwards at T = B, EAGLE kernels once"
+            f"{spec['draft_forwards']} NextN draft forwards at T = B{own}, EAGLE kernels once"
         )
     return est
+
+
+def draft_replaced(p: Picker) -> list[str]:
+    """Layer rows the NextN draft layer runs differently: each is replaced by the NextN row naming it
+    (SGLang loads the draft model in BF16, so its NVFP4 projections and MoE run BF16 kernels)."""
+    return [r.replaces for r in p.rows if r.scope == "nextn" and r.replaces is not None]
 
 
 def _tag(t: Total, batch: int) -> Total:

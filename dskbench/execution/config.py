@@ -11,11 +11,11 @@ downstream knows which front end asked.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dskbench.execution.items import SweepOptions, WorkItem
+from dskbench.execution.items import DEFAULT_TP, SweepOptions, WorkItem
 
 Planned = tuple[list[WorkItem], list[dict[str, Any]]]
 # Plans again under other options; `by_model=False` leaves out the models filter (what it removed).
@@ -55,6 +55,14 @@ class RunConfig:
 
     def with_options(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
+
+    def with_swept_tp(self, swept: Sequence[int]) -> RunConfig:
+        """The default tp (DEFAULT_TP: 1, 4, 8) cut to the degrees the profile sweeps (`swept`, the shapes
+        file's: a quick run measures tp 1 and 8, a CPU run tp 1); a tp asked for is kept. Every front end
+        (`dskbench run`/`warm`, asv, pytest-benchmark) plans through this, so their defaults agree."""
+        if self.tp != DEFAULT_TP:
+            return self
+        return self.with_options(tp=tuple(t for t in self.tp if t in swept) or tuple(swept[:1]))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,8 +1,9 @@
-"""Helpers of the main command (scripts/run.sh) on a GPU box: the expected time printed before the
-sweep, and which of the user's `run` options the JIT warm-up takes too.
+"""Helpers of the main command (scripts/run.sh): the expected time printed before the sweep, which of the
+user's `run` options the JIT warm-up takes too, and the wall time of each stage at the end.
 
     python -m dskbench run --dry-run --quick ... | python -m dskbench.setup.mainjob eta
     python -m dskbench.setup.mainjob warm-args RUN_OPTIONS...   (NUL-separated, for bash's mapfile -d '')
+    python -m dskbench.setup.mainjob times --status N [--out FILE] setup=S warm=S measure=S report=S
 
 The estimate: with a sharded plan (`--gpus`), the longest shard of the cost model that cuts the shards
 (dskbench/execution/cost.py); otherwise each case costs that model's fixed per-case overhead plus the
@@ -12,9 +13,14 @@ quick sweep's sampling budget. It is a model, not a measurement: JIT builds (don
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+# The main job's stages, in order, with their names in the summary line.
+STAGES = {"setup": "set-up", "warm": "JIT warm-up", "measure": "measuring", "report": "report"}
 
 
 def per_case_s() -> float:
@@ -72,6 +78,49 @@ def warm_args(run_args: Sequence[str]) -> list[str]:
     return kept
 
 
+def stage_times(pairs: Sequence[str]) -> dict[str, int]:
+    """Whole seconds per stage from `stage=S` arguments; a stage not given (not run) counts 0."""
+    got: dict[str, int] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in STAGES or not value.isdigit():
+            raise ValueError(f"expected STAGE=SECONDS with STAGE one of {', '.join(STAGES)}, got {pair!r}")
+        got[name] = int(value)
+    return {name: got.get(name, 0) for name in STAGES}
+
+
+def times_record(seconds: dict[str, int], status: int) -> dict[str, object]:
+    """What main_job.json holds: seconds per stage, their total, and the main job's exit status."""
+    return {"seconds": dict(seconds), "total_s": sum(seconds.values()), "exit_status": status}
+
+
+def times_line(seconds: dict[str, int], status: int) -> str:
+    """The one line the main job ends with, e.g. `main job: set-up 40 s, JIT warm-up 290 s, ...`."""
+    parts = ", ".join(f"{STAGES[k]} {v} s" for k, v in seconds.items())
+    return f"main job: {parts}; total {sum(seconds.values())} s; exit status {status}"
+
+
+def _times(args: list[str]) -> int:
+    status, out, pairs = 0, None, []
+    i = 0
+    while i < len(args):
+        if args[i] in ("--status", "--out") and i + 1 < len(args):
+            if args[i] == "--status":
+                status = int(args[i + 1])
+            else:
+                out = Path(args[i + 1])
+            i += 2
+        else:
+            pairs.append(args[i])
+            i += 1
+    seconds = stage_times(pairs)
+    print(times_line(seconds, status), file=sys.stderr)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(times_record(seconds, status), indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["eta"]:
@@ -81,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["warm-args"]:
         sys.stdout.write("".join(a + "\0" for a in warm_args(args[1:])))
         return 0
-    print("dskbench.setup.mainjob: expected eta or warm-args", file=sys.stderr)
+    if args[:1] == ["times"]:
+        try:
+            return _times(args[1:])
+        except ValueError as e:
+            print(f"dskbench.setup.mainjob: {e}", file=sys.stderr)
+            return 2
+    print("dskbench.setup.mainjob: expected eta, warm-args or times", file=sys.stderr)
     return 2
 
 

@@ -35,8 +35,7 @@ def plan(config: RunConfig, registry: dict[str, Any], shapes: Any) -> tuple[list
 def swept_tp(config: RunConfig, shapes: Any) -> RunConfig:
     """The default --tp (execution.items.DEFAULT_TP) cut to the degrees the run's profile sweeps: a quick
     run measures tp 1 and 8, a CPU run tp 1 (an explicit --tp is checked by check_tp instead)."""
-    swept = shapes.values("tp", config.profile)
-    return config.with_options(tp=tuple(t for t in config.tp if t in swept) or tuple(swept[:1]))
+    return config.with_swept_tp(shapes.values("tp", config.profile))
 
 
 def check_tp(tp: tuple[int, ...], shapes: Any, profile: str) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dskbench.execution.config import RunConfig
-from dskbench.execution.items import SweepOptions
+from dskbench.execution.items import DEFAULT_TP, SweepOptions
 
 SWEEPS = ("decode", "prefill", "decode_graph")
 MODES = ("cold", "hot", "rotate")
@@ -22,7 +22,7 @@ ASV_ENV = {
     "models": "DSKBENCH_ASV_MODEL",  # comma-separated models, e.g. deepseek-v3.2 (default: every op)
     "sweep": "DSKBENCH_ASV_SWEEP",  # decode, prefill, decode_graph or all (default decode,prefill)
     "quick": "DSKBENCH_ASV_QUICK",  # 1: the quick sweep points and time budget
-    "tp": "DSKBENCH_ASV_TP",  # comma-separated tensor-parallel degrees (default 1)
+    "tp": "DSKBENCH_ASV_TP",  # comma-separated tensor-parallel degrees (default: `dskbench run`'s)
     "mode": "DSKBENCH_ASV_MODE",  # cold | hot | rotate (default cold)
     "budget": "DSKBENCH_ASV_BUDGET",  # time budget per case, seconds
 }
@@ -59,7 +59,7 @@ def parse_config(
     if bad:
         raise SuiteError(f"sweep {','.join(bad)}: choose from {', '.join(SWEEPS)} or all")
     try:
-        tps = tuple(int(x) for x in _words(tp)) or (1,)
+        tps = tuple(int(x) for x in _words(tp)) or DEFAULT_TP  # cut to the profile's at planning
     except ValueError:
         raise SuiteError(f"tp {tp!r}: expected comma-separated integers") from None
     try:

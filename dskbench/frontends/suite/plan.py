@@ -57,8 +57,12 @@ def make_plan(config: RunConfig) -> Plan:
     from dskbench.shapes.cases import default_shapes
 
     registry = load_registry(paths.REGISTRY_DIR)
+    shapes = default_shapes()
+    # the default tp as `dskbench run` takes it (the profile's degrees of 1, 4, 8); the plan keeps the
+    # config it was made with, which the front ends then measure with (and record)
+    config = config.with_swept_tp(shapes.values("tp", config.profile))
     try:
-        items, skips = plan_run(config, registry, default_shapes())
+        items, skips = plan_run(config, registry, shapes)
     except (PlanError, SelectionError) as e:
         raise SuiteError(str(e)) from None
     kernels: dict[str, list[dict[str, Any]]] = {}
