@@ -76,12 +76,14 @@ def _page_table(case: Case, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def _bind_paged(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    """SGLang's flashinfer (MHA) backend plans its paged prefill wrapper so: page size 1, NHD, causal."""
+    """Planned as SGLang's flashinfer (MHA) backend plans it: page size 1, NHD, causal. FlashInfer's sm90
+    paged kernel has no q/k 192, v 128 instance (its run fails with "operation not supported"), so the
+    FA2 kernel is asked for: the one this wrapper runs at DeepSeek's head dims."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     t, nh, dq, dv = _dims(inputs)
     pt = _page_table(case, q.device)
     workspace = shared_workspace("flashinfer_mla", FLASHINFER_MLA_WORKSPACE_BYTES, q.device)
-    wrapper = fn(workspace, "NHD", backend="auto")
+    wrapper = fn(workspace, "NHD", backend="fa2")
     wrapper.plan(
         pt["qo_indptr"],
         pt["kv_indptr"],
@@ -174,7 +176,8 @@ def _bind_batch_attention(fn: Any, inputs: dict[str, Any], case: Case) -> Callab
         ),
         q.device,
     )
-    cache = (k.view(t, 1, nh, dq), v.view(t, 1, nh, dv))
+    # the holistic kernel reads v with k's page stride (it does not check, unlike the paged wrapper)
+    cache = (k.view(t, 1, nh, dq), _same_page_stride(v, dq).view(t, 1, nh, -1)[..., :dv])
     out = torch.empty(t, nh, dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(t, nh, dtype=torch.float32, device=q.device)  # run() always writes it
 
@@ -223,7 +226,7 @@ class BatchPrefillWithPagedKVCacheWrapperAdapter(MhaPrefill):
             "jit",
             _bind_paged,
             fallbacks=("flashinfer:BatchPrefillWithPagedKVCacheWrapper",),
-            label="backend='auto', page size 1, (k, v) cache pair; plan() in bind",
+            label="backend='fa2' (no sm90 paged kernel at q/k 192, v 128), page size 1; plan() in bind",
         )
     ]
 
