@@ -331,3 +331,23 @@ def test_the_stopping_policy_reaches_the_measurement_and_the_repro_command():
     rec = {"kernel": "k", "backend": {"name": "b"}, "op": "o", "phase": "decode", "point": {"T": 1}}
     assert "--stopping" not in repro_command(rec, {"device": "cpu"})
     assert repro_command(rec, {"device": "cpu", "stopping": "stdrel"}).endswith("--stopping stdrel")
+
+
+def test_build_watch_excuses_a_case_across_the_gaps_of_one_build():
+    """Past its limit a case goes on while a compiler runs in any worker group, or ran less than
+    BUILD_GAP_S ago (ninja's steps, a build lock handed over); not after the gap, never past the grace."""
+    from dskbench.execution.process import BUILD_GAP_S, BUILD_GRACE_S, BUILD_SCAN_S, BuildWatch
+
+    state = {"compiling": True}
+    watch = BuildWatch(lambda: state["compiling"])
+    watch.look(0.0)  # before the limit: a build is seen
+    state["compiling"] = False
+    watch.look(BUILD_SCAN_S / 2)  # not looked again so soon
+    assert watch.excused(10.0, 1.0)  # past the limit, no compiler now, but one 10 s ago
+    assert not watch.excused(BUILD_GAP_S + 0.1, 5.0)  # the gap is over: a hang
+    state["compiling"] = True
+    assert watch.excused(100.0, 50.0)  # a compiler again
+    assert not watch.excused(101.0, BUILD_GRACE_S)  # never past the grace
+    watch.begin()  # the next case starts with nothing seen
+    state["compiling"] = False
+    assert not watch.excused(1.0, 0.5)

@@ -26,9 +26,10 @@ def test_one_item_per_kernel_backend_variant_first_in_plan_order():
     assert [it.index for it in picked] == [0, 1, 3, 4]
 
 
-def test_default_jobs_is_a_quarter_of_the_cores_within_bounds():
+def test_default_jobs_is_half_the_cores_within_bounds():
+    assert warm.default_jobs(1) == 1
     assert warm.default_jobs(2) == 1
-    assert warm.default_jobs(32) == 8
+    assert warm.default_jobs(16) == 8
     assert warm.default_jobs(128) == warm.DEFAULT_MAX_JOBS
 
 

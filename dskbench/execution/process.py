@@ -28,6 +28,8 @@ from dskbench.execution.limits import CaseLimits
 
 POLL_S = 0.2  # how often a waiting parent looks at the clock and the stop flag
 BUILD_GRACE_S = 900.0  # past its limit, a case may go on this long while its worker runs compilers
+BUILD_GAP_S = 30.0  # a build's compiler runs this far apart are one build (ninja steps, a lock handed over)
+BUILD_SCAN_S = 5.0  # how often a case's worker groups are looked at for compilers before its limit
 EXIT_POISONED = 3
 EXIT_ORPHANED = 4
 WORKER_MODULE = "dskbench.execution.worker"
@@ -95,6 +97,38 @@ def compiling(pgids: int | Iterable[int], proc_dir: str = "/proc") -> bool:
     groups = {pgids} if isinstance(pgids, int) else set(pgids)
     names = {str(g) for g in groups}
     return any(pid not in groups and fields[2] in names for pid, fields in _live_processes(proc_dir))
+
+
+class BuildWatch:
+    """Whether a case past its limit is excused by a JIT build. A build is not one unbroken compiler run:
+    between ninja's steps, or when one worker hands a build lock to the next, no compiler runs for a
+    moment. So a case is excused while a compiler runs now or ran less than BUILD_GAP_S ago (looked for
+    every BUILD_SCAN_S before the limit, at every poll after it), for at most BUILD_GRACE_S past the limit.
+    """
+
+    def __init__(self, compiling_now: Callable[[], bool]) -> None:
+        self.compiling_now = compiling_now
+        self.last_build: float | None = None
+        self.last_scan: float | None = None
+
+    def begin(self) -> None:
+        self.last_build = self.last_scan = None
+
+    def look(self, now: float) -> None:
+        """Before the limit: note a build now and then."""
+        if self.last_scan is None or now - self.last_scan >= BUILD_SCAN_S:
+            self.last_scan = now
+            if self.compiling_now():
+                self.last_build = now
+
+    def excused(self, now: float, over: float) -> bool:
+        """Past the limit by `over` seconds: may the case go on?"""
+        if over >= BUILD_GRACE_S:
+            return False
+        if self.compiling_now():
+            self.last_build = now
+            return True
+        return self.last_build is not None and now - self.last_build < BUILD_GAP_S
 
 
 _running: set[int] = set()  # process groups of this process's live workers (every slot of a run)
@@ -208,15 +242,18 @@ class WorkerProcess:
         first_use: set[tuple[str, str, Any]] = set()
         limit = self.limits.startup_s
         deadline = None if self.limits.off else self.clock() + limit
+        builds = BuildWatch(lambda: compiling(running_groups() | {proc.pid}))
         while True:
             try:
                 line = lines.get(timeout=POLL_S)
             except queue.Empty:
+                now = self.clock()
                 if self.stop.is_set():
                     self.kill()
-                elif deadline is not None and timed_out is None and self.clock() > deadline:
-                    over = self.clock() - deadline
-                    if over < BUILD_GRACE_S and compiling(running_groups() | {proc.pid}):
+                elif deadline is not None and timed_out is None and now <= deadline:
+                    builds.look(now)
+                elif deadline is not None and timed_out is None:
+                    if builds.excused(now, now - deadline):
                         continue  # a JIT build: its time is not the kernel's
                     timed_out = self._timed_out(current, limit)
                     print(f"dskbench: {self.label}{timed_out}", file=sys.stderr, flush=True)
@@ -232,6 +269,7 @@ class WorkerProcess:
                 limit = self.limits.for_item(it, key not in first_use)
                 first_use.add(key)
                 deadline = None if self.limits.off else self.clock() + limit
+                builds.begin()
             elif kind == "RESULT":
                 data = json.loads(payload)
                 self.record(self.items[data["index"]], data["fields"])

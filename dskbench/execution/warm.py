@@ -33,9 +33,10 @@ DEFAULT_MAX_JOBS = 16  # nvcc builds are memory- and core-hungry; more rarely he
 
 
 def default_jobs(cpus: int | None = None) -> int:
-    """A quarter of the cores (each build runs several compiler threads), at least 1, at most 16."""
+    """Half the cores (a build runs several compiler threads, but most builds are short and one long
+    one, such as Marlin's, leaves the rest idle), at least 1, at most 16."""
     cpus = cpus or os.cpu_count() or 1
-    return max(1, min(DEFAULT_MAX_JOBS, cpus // 4))
+    return max(1, min(DEFAULT_MAX_JOBS, cpus // 2))
 
 
 def warm_items(items: Sequence[WorkItem]) -> list[WorkItem]:
