@@ -638,3 +638,16 @@ def test_marlin_helpers_by_hand() -> None:
     assert not marlin.should_use_atomic_add_reduce(1, 512, 7168, 80, torch.bfloat16)
     block = nvfp4_group_mm._marlin_block_size
     assert [block(m, 8, 256) for m in (1, 64, 256, 1024, 4096)] == [8, 8, 16, 48, 64]
+
+
+def test_nvfp4_moe_inputs_route_like_every_other_moe_adapter_and_traffic_counts_their_experts():
+    """The NVFP4 MoE inputs use the common routing's popularity spread (so the pick compares NVFP4 and
+    BF16/FP8 MoE paths under the same load), and traffic counts the experts they hit, never more than
+    exist or than uniform routing would hit."""
+    from dskbench.adapters.common.routing import active_experts
+
+    for t in (1, 16, 64, 256, 2048):
+        c = {"T": t, "E": 256, "K": 8, "n_group": 8, "topk_group": 4}
+        n = nvfp4_common.routed_active_experts(c)
+        assert n <= min(256, t * 8) and n <= nvfp4_common.expected_active_experts(t, 256, 8) + 1e-9
+        assert abs(n - active_experts(t)) <= max(2, 0.15 * active_experts(t))

@@ -31,10 +31,11 @@ from dskbench.adapters.moe.inputs import (
     weight_bytes,
 )
 from dskbench.adapters.moe.nvfp4_common import (
-    expected_active_experts,
     expert_weight_bytes,
     make_moe_inputs,
+    moe_config,
     moe_refs,
+    routed_active_experts,
 )
 from dskbench.adapters.moe.nvfp4_group_mm import bind_cutlass_fused_moe_nvfp4
 from dskbench.adapters.moe.reference import quant_dequant_groups, routed_experts_reference
@@ -189,8 +190,8 @@ class CutlassFusedMoe(Adapter):
     def traffic(self, case: Case) -> Traffic:
         t, h, inter, e, k = _dims(case)
         fmt = case.dims["weight"]
-        if fmt == "nvfp4":  # the NVFP4 inputs route on their own logits: the uniform-routing expectation
-            n_act: float = expected_active_experts(t, e, k)
+        if fmt == "nvfp4":  # the NVFP4 inputs route on their own logits (seed-0 count)
+            n_act: float = routed_active_experts(moe_config(case))
             wbytes = int(round(n_act * expert_weight_bytes(h, inter)))
         else:
             n_act = n_active(case)

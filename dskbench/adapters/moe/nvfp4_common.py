@@ -7,6 +7,7 @@ but never read.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import torch
@@ -15,7 +16,7 @@ from dskbench.adapters.common import nvfp4 as fp4
 from dskbench.adapters.common.inputs import generator, randn
 from dskbench.adapters.common.nvfp4_adapter import NumericsAdapter, Refs
 from dskbench.adapters.common.nvfp4_inputs import nvfp4_weight, quantized_activation, weight_scale_2
-from dskbench.adapters.common.routing import grouped_topk
+from dskbench.adapters.common.routing import BIAS_STD, POPULARITY_STD, grouped_topk
 from dskbench.shapes.cases import Case
 
 
@@ -23,6 +24,22 @@ def expected_active_experts(t: int, e: int, k: int) -> float:
     """Distinct experts hit by t tokens choosing k of e, under uniform routing (an upper bound on the
     biased DeepSeek routing the inputs use)."""
     return e * (1.0 - (1.0 - k / e) ** t)
+
+
+@functools.lru_cache(maxsize=256)
+def _routed_experts(t: int, e: int, k: int, n_group: int, topk_group: int) -> int:
+    c = {"T": t, "E": e, "K": k, "n_group": n_group, "topk_group": topk_group}
+    ids = routing(c, generator(0), "cpu")[2]
+    return int(torch.unique(ids.long()).numel())
+
+
+def routed_active_experts(c: dict[str, Any]) -> int:
+    """Distinct experts the seed-0 routing of these inputs (drawn on the CPU) touches: what traffic counts.
+
+    Uneven expert popularity makes the inputs hit fewer experts than uniform routing would, so the
+    uniform expectation overstates the bytes (and % of peak); other seeds hit within a few experts of this.
+    """
+    return _routed_experts(c["T"], c["E"], c["K"], c["n_group"], c["topk_group"])
 
 
 def expert_weight_bytes(h: int, i: int) -> int:
@@ -55,11 +72,13 @@ def routing(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Router logits (fp32) with a per-expert popularity term so loads are uneven, the correction bias in
     bf16 (as SGLang hands it to trtllm), and the DeepSeek grouped top-k they give -> (logits, bias, ids
-    int32, weights fp32 renormalised, routed_scaling_factor not applied)."""
+    int32, weights fp32 renormalised, routed_scaling_factor not applied). The popularity and bias spreads
+    are the ones every MoE adapter's routing uses (common/routing.py), so the NVFP4 paths and the BF16/FP8
+    paths the pick compares them with see the same load: as many distinct experts at each T."""
     t, e = c["T"], c["E"]
-    popularity = randn((e,), gen, device, torch.float32, 0.8)
+    popularity = randn((e,), gen, device, torch.float32, POPULARITY_STD)
     logits = randn((t, e), gen, device, torch.float32) + popularity
-    bias = randn((e,), gen, device, torch.float32, 0.1).to(torch.bfloat16)
+    bias = randn((e,), gen, device, torch.float32, BIAS_STD).to(torch.bfloat16)
     weights, ids = grouped_topk(logits, bias, c["K"], c["n_group"], c["topk_group"])
     return logits, bias, ids, weights
 
@@ -157,8 +176,8 @@ class Nvfp4Moe(NumericsAdapter):
         return moe_refs(inputs, self.primary)
 
     def weights_and_flops(self, case: Case) -> tuple[int, int, float]:
-        """(NVFP4 weight bytes of the expected active experts, FLOPs, expected active experts)."""
+        """(NVFP4 weight bytes of the active experts, FLOPs, active experts)."""
         c = moe_config(case)
-        n_act = expected_active_experts(c["T"], c["E"], c["K"])
+        n_act = routed_active_experts(c)
         flops = 2 * c["T"] * c["K"] * 3 * c["I"] * c["H"]
         return int(round(n_act * expert_weight_bytes(c["H"], c["I"]))), flops, n_act

@@ -266,7 +266,7 @@ class CutlassFp4GroupMm(Nvfp4Moe):
         return Traffic(
             wbytes + acts,
             flops,
-            f"NVFP4 weights of ~{n_act:.1f} active experts (uniform-routing expectation) + bf16 x in/out + "
+            f"NVFP4 weights of the {n_act} experts the seed-0 routing hits + bf16 x in/out + "
             "top-k ids/weights; intermediates not counted (same minimum for W4A4 and the W4A16 Hopper row)",
             compute="fp4",
         )

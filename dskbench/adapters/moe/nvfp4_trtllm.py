@@ -127,7 +127,7 @@ class TrtllmFp4BlockScaleMoe(Nvfp4Moe):
         return Traffic(
             wbytes + acts,
             flops,
-            f"NVFP4 weights of ~{n_act:.1f} active experts (uniform-routing expectation) + NVFP4 x + fp32 "
+            f"NVFP4 weights of the {n_act} experts the seed-0 routing hits + NVFP4 x + fp32 "
             "logits + bf16 out; intermediates not counted",
             compute="fp4",
         )
