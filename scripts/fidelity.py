@@ -109,9 +109,9 @@ def graph_replay(launch):
     """launch() captured in a CUDA graph, as a callable that replays it; None if it cannot be captured.
 
     Why: our samples are graph replays, and an op of several kernels launched eagerly under the profiler
-    shows the host's gaps between its kernels in the CUPTI span (moe_align_block_size on an H200,
-    2026-11-21: -15% cold, -31% hot against the eager span). Profiling the same graph compares like
-    with like; the eager span is kept next to it."""
+    shows the host's gaps between its kernels in the CUPTI span (for an op of several short kernels,
+    tens of percent against the graph replay). Profiling the same graph compares like with like; the
+    eager span is kept next to it."""
     import torch
 
     try:

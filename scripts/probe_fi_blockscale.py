@@ -1,8 +1,7 @@
 """Why is flashinfer's fp8_blockscale_gemm_sm90 `wrong` in the sweep? Try the scale layouts it accepts.
 
-The 2026-11-21 H200 sweep found it ~19.5% off the dequantized reference at M >= 4 and far off at
-M <= 2, with FP8 input + [M, K/128] input scales + [N/128, K/128] weight scales (what the adapter
-passes). This prints the relative error, same inputs, for: (a) that call, (b) the weight scales
+A sweep found it off the dequantized reference (results/h200x4-2026-11-21/README.md) with FP8 input +
+[M, K/128] input scales + [N/128, K/128] weight scales (what the adapter passes). This prints the relative error, same inputs, for: (a) that call, (b) the weight scales
 expanded to per-row [N, K/128], (c) BF16 input (the kernel quantizes it; what sglang's
 `--fp8-gemm-backend flashinfer_deepgemm` passes) with block weight scales, (d) like (c) with per-row
 weight scales. GPU (sm90) only.
