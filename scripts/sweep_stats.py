@@ -1,7 +1,9 @@
-"""How a sweep went: case counts by status, error reasons, wall time per GPU, and that time without
-first-time JIT compilation (the figure the sweep-speed target is about).
+"""How a sweep went: case counts by status, error reasons, wall time per GPU, that time without
+first-time JIT compilation (the figure the sweep-speed target is about), and where the item time went,
+stage by stage (inputs, reference, check, warm-up, capture, sampling, ...), in all and for the kernels
+that took longest.
 
-    python3 scripts/sweep_stats.py RESULTS.jsonl[.gz]... [--json OUT]
+    python3 scripts/sweep_stats.py RESULTS.jsonl[.gz]... [--top N] [--json OUT]
 
 Wall time per GPU runs from the run's first record to its GPU's last one (records carry `finished`);
 JIT time is the `first_launch_s` stage of items whose first launch took over JIT_S seconds (a warm
@@ -21,8 +23,23 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dskbench.results.io import read_runs  # noqa: E402
+from dskbench.results.records import Stages  # noqa: E402
 
 JIT_S = 1.0
+STAGES = (  # dskbench.results.records.Stages, in the order a case runs them
+    "resolve_s",
+    "inputs_s",
+    "reference_s",
+    "bind_s",
+    "first_launch_s",
+    "check_s",
+    "warmup_s",
+    "prepare_s",
+    "sampling_s",
+    "measure_s",
+    "other_s",
+    "item_s",
+)
 
 
 def _created(env: dict[str, Any]) -> float | None:
@@ -42,6 +59,8 @@ def run_stats(run: Any) -> dict[str, Any]:
     )
     wrong = Counter(f"{r['kernel']} · {r['backend'].get('name')}" for r in recs if r["status"] == "wrong")
     start = _created(run.environment)
+    stage_sum: Counter[str] = Counter()
+    by_kernel: dict[str, Counter[str]] = defaultdict(Counter)
     per_gpu: dict[int, dict[str, float]] = defaultdict(
         lambda: {"cases": 0, "last": 0.0, "jit_s": 0.0, "item_s": 0.0}
     )
@@ -50,6 +69,13 @@ def run_stats(run: Any) -> dict[str, Any]:
         g["cases"] += 1
         g["last"] = max(g["last"], float(r.get("finished") or 0.0))
         st = r.get("stages") or {}
+        if st and "other_s" not in st:  # written before other_s was recorded
+            st = Stages.from_json(st).with_other().to_json()
+        if not r.get("shared_with"):  # a copy carries the measured record's stages: counted once
+            for k, v in st.items():
+                stage_sum[k] += v
+                by_kernel[r["kernel"]][k] += v
+            by_kernel[r["kernel"]]["cases"] += 1
         if st.get("first_launch_s", 0.0) > JIT_S:
             g["jit_s"] += st["first_launch_s"]
         g["item_s"] += st.get("item_s", 0.0)
@@ -72,14 +98,43 @@ def run_stats(run: Any) -> dict[str, Any]:
         "gpus": gpus,
         "wall_s": max(walls) if walls else None,
         "gpu_seconds_without_jit": round(sum(g["wall_without_jit_s"] or 0 for g in gpus.values()), 1),
+        "stages": {
+            k: round(stage_sum[k], 1)
+            for k in (*STAGES, *sorted(set(stage_sum) - set(STAGES)))
+            if k in stage_sum
+        },
+        "kernels": {
+            k: {s: round(v, 1) for s, v in c.items()}
+            for k, c in sorted(by_kernel.items(), key=lambda kv: -kv[1].get("item_s", 0.0))
+        },
         "errors": dict(errors.most_common()),
         "wrong": dict(wrong.most_common()),
     }
 
 
+def _split(st: dict[str, float]) -> str:
+    total = st.get("item_s") or 0.0
+    split = any(k in st for k in Stages.IN_MEASURE)  # else measure_s stands for its three stages
+    skip = {"item_s", "measure_s" if split else ""}
+    parts = [(k, st[k]) for k in STAGES if k in st and k not in skip and st[k] >= 0.05]
+    return ", ".join(f"{k[:-2]} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in parts) if total else ""
+
+
+def stage_lines(s: dict[str, Any], top: int) -> list[str]:
+    """The stage table of a run: the sum over its measured cases (copies counted once), then per kernel."""
+    st = s["stages"]
+    if not st.get("item_s"):
+        return []
+    lines = [f"  item time {st['item_s']:.1f} s: {_split(st)}"]
+    for name, k in list(s["kernels"].items())[:top]:
+        lines.append(f"    {name} ({int(k.get('cases', 0))} cases) {k.get('item_s', 0.0):.1f} s: {_split(k)}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", type=Path)
+    ap.add_argument("--top", type=int, default=10, help="kernels to list by item time (default 10)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     stats = [run_stats(r) for r in read_runs(args.results)]
@@ -93,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  gpu {idx}: {g['cases']} cases, wall {g['wall_s']} s, JIT {g['jit_s']} s, without JIT {g['wall_without_jit_s']} s"
             )
+        for line in stage_lines(s, args.top):
+            print(line)
         for what in ("errors", "wrong"):
             for k, n in s[what].items():
                 print(f"  {what[:-1] if what == 'errors' else what} x{n}: {k}")

@@ -210,3 +210,20 @@ def test_drive_and_assemble_report_corrected_and_raw() -> None:
     plain = assemble(st, method="cuda-graph", mode="hot", device="cuda:0", n_sets=1, launches_per_sample=4,
                      wall_s=0.1)  # fmt: skip
     assert plain.raw_median_us is None and plain.launch_gap_us is None and plain.notes == []
+
+
+def test_cpu_measurement_splits_warm_up_from_sampling() -> None:
+    """stage_s: the warm-up launches and the sampling, each on the measurement's own clock."""
+    from dskbench.measure.cpu import measure_cpu
+
+    t = [0]
+
+    def launch() -> None:
+        t[0] += 1_000_000  # every launch takes 1 ms of the fake clock
+
+    settings = MeasureSettings(warmup_launches=3, min_samples=5, min_time_s=0.0, max_time_s=1.0, cooldown=0)
+    m = measure_cpu([launch], mode="hot", settings=settings, clock_ns=lambda: t[0], now=lambda: t[0] / 1e9)
+    assert m.stage_s is not None
+    assert m.stage_s["warmup_s"] == 0.003 and m.stage_s["prepare_s"] == 0.0
+    assert m.stage_s["sampling_s"] == round(m.n_samples * 0.001, 4)
+    assert abs(sum(m.stage_s.values()) - m.wall_s) < 1e-9

@@ -201,3 +201,16 @@ def _validate(value: Any, node: dict[str, Any], root: dict[str, Any], where: Any
     if isinstance(value, list) and "items" in node:
         for x in value:
             _validate(x, node["items"], root, where)
+
+
+def test_stages_other_is_what_no_stage_accounts_for():
+    from dskbench.results.records import Stages
+
+    st = Stages.from_json(
+        {"inputs_s": 1.0, "check_s": 0.5, "measure_s": 5.0, "warmup_s": 1.0, "item_s": 10.0}
+    )
+    assert st.with_other().other_s == 3.5  # measure_s counts once, its warm-up inside it
+    assert Stages.from_json({"inputs_s": 2.0, "item_s": 1.0}).with_other().other_s == 0.0  # never negative
+    assert Stages.from_json({"inputs_s": 1.0}).with_other().other_s is None  # no item_s: unknown
+    d = {"inputs_s": 1.0, "item_s": 2.0, "future_s": 7.0}
+    assert Stages.from_json(d).to_json() == d  # unknown stages kept as read

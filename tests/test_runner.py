@@ -80,6 +80,20 @@ def test_statuses_ok_wrong_skipped(tmp_path, registry, isolate):
     assert summary.counts["ok"] == N and summary.counts["wrong"] == N and summary.counts["skipped"] == N
 
 
+def test_an_ok_case_says_where_its_time_went(tmp_path, registry):
+    """Every stage of an ok case is recorded; the measurement's three stages fit inside measure_s and
+    the stages with other_s add up to the whole item."""
+    _, run = _run(tmp_path, registry, ["fake_ok"], ["fake"])
+    for rec in run.results:
+        st = rec["stages"]
+        before = ("resolve_s", "inputs_s", "reference_s", "bind_s", "first_launch_s", "check_s")
+        inside = ("warmup_s", "prepare_s", "sampling_s")
+        assert all(st[k] >= 0 for k in (*before, *inside, "measure_s", "item_s", "other_s")), st
+        assert sum(st[k] for k in inside) <= st["measure_s"] + 1e-3
+        assert st["sampling_s"] >= 0.02 * 0.9  # the run's budget is spent sampling
+        assert abs(sum(st[k] for k in before) + st["measure_s"] + st["other_s"] - st["item_s"]) < 1e-3
+
+
 def test_crash_loses_only_its_case(tmp_path, registry):
     summary, run = _run(tmp_path, registry, ["fake_ok", "fake_crash", "fake_poison", "fake_raise"], ["fake"])
     status = {(r["kernel"], r["point"]["T"]): r for r in run.results}

@@ -67,3 +67,41 @@ def test_wall_per_gpu_and_jit_are_taken_from_the_records(tmp_path, capsys):
     assert s["errors"] == {"k · x: boom": 1}
     assert stats.main([str(p)]) == 0
     assert "gpu 0: 2 cases, wall 130.0 s, JIT 40.0 s, without JIT 90.0 s" in capsys.readouterr().out
+
+
+def test_stage_breakdown_counts_a_copy_once(tmp_path, capsys):
+    stats = _load()
+    p = tmp_path / "r.jsonl"
+
+    def rec(case, kernel, stages, **kw):
+        return result_record(
+            "r1",
+            "ok",
+            kernel=kernel,
+            case_id=case,
+            backend={"name": "b"},
+            timing={"median_us": 1.0},
+            stages=stages,
+            **kw,
+        )
+
+    with ResultsWriter(p) as w:
+        w.write(
+            environment_record("r1", created="2026-11-26T00:00:00+00:00", device={"name": "G"}, versions={})
+        )
+        w.write(
+            rec(
+                "a",
+                "k1",
+                {"check_s": 3.0, "sampling_s": 1.0, "measure_s": 1.5, "item_s": 5.0, "other_s": 0.5},
+            )
+        )
+        w.write(rec("a2", "k1", {"check_s": 3.0, "item_s": 5.0}, shared_with="a"))
+        w.write(rec("b", "k2", {"sampling_s": 1.0, "measure_s": 1.0, "item_s": 1.0}))
+    [s] = [stats.run_stats(r) for r in stats.read_runs([p])]
+    assert s["stages"] == {"check_s": 3.0, "sampling_s": 2.0, "measure_s": 2.5, "other_s": 0.5, "item_s": 6.0}
+    assert list(s["kernels"]) == ["k1", "k2"] and s["kernels"]["k1"]["cases"] == 1
+    assert stats.main([str(p), "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "item time 6.0 s: check 3.0 s (50%), sampling 2.0 s (33%), other 0.5 s (8%)" in out
+    assert "k1 (1 cases) 5.0 s" in out and "k2 (" not in out

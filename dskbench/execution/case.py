@@ -13,7 +13,7 @@ from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
-from dskbench.results.records import BackendInfo, Check, Clocks, Identity, Metrics, Timing, Traffic
+from dskbench.results.records import BackendInfo, Check, Clocks, Identity, Metrics, Stages, Timing, Traffic
 from dskbench.shapes.cases import Case
 
 # Substrings of errors after which the CUDA context cannot be trusted: the worker exits and is replaced.
@@ -72,15 +72,16 @@ def prepare_case(
     reason = why_not(adapter, backend, case, device)  # the plan's rule, asked again where the case runs
     if reason:
         return {**base, "status": "skipped", "reason": reason}, None
+    t_resolve = time.perf_counter()
     try:
         resolved = resolve(backend)
     except Unavailable as e:
         return {**base, "status": "skipped", "reason": str(e)}, None
+    stages: dict[str, float] = {"resolve_s": round(time.perf_counter() - t_resolve, 4)}
     base["backend"] = backend_block(backend, resolved)
     traffic = adapter.traffic_for(backend.name, case)
     base["traffic"] = Traffic(traffic.bytes, traffic.flops, traffic.compute, traffic.note).to_json()
     dev = "cuda" if device.kind == "cuda" else "cpu"
-    stages: dict[str, float] = {}
     t = time.perf_counter()
 
     def lap(name: str) -> None:
@@ -141,6 +142,7 @@ def execute_item(
     )
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
     measured = _as_dict(m)
+    base["stages"].update(measured.pop("stage_s", None) or {})
     if not measured.get("n_samples") or measured.get("median_us") != measured.get("median_us"):  # none, NaN
         return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
     clocks = Clocks.from_json({k: measured.pop(k) for k in Clocks.KEYS if k in measured})
@@ -244,7 +246,8 @@ def run_one(
                 fields = error_fields(item, later)
         return fields
     if isinstance(fields.get("stages"), dict):  # the whole item, set-up and clean-up included
-        fields["stages"]["item_s"] = round(time.perf_counter() - t0, 4)
+        stages = Stages.from_json({**fields["stages"], "item_s": round(time.perf_counter() - t0, 4)})
+        fields["stages"] = stages.with_other().to_json()
     return fields
 
 

@@ -30,6 +30,7 @@ def measure_cpu(
     # warm-up: whole rotation rounds, so every set's call count stays equal
     for i in range(math.ceil(max(settings.warmup_launches, 1) / n_sets) * n_sets):
         launchers[i % n_sets]()
+    t_sampling = now()
     stopper = make_stopper(settings, now)
     while True:
         batch = []
@@ -48,4 +49,5 @@ def measure_cpu(
         launches_per_sample=1,
         wall_s=now() - t_start,
         notes=notes,
+        stage_s={"warmup_s": t_sampling - t_start, "prepare_s": 0.0, "sampling_s": now() - t_sampling},
     )

@@ -228,6 +228,7 @@ def finish(
     notes: list[str],
     gap: float | None,
     raw: list[float],
+    stage_s: dict[str, float] | None = None,
 ) -> Measurement:
     """The Measurement of a CUDA timer's samples, with the clocks read around and during them."""
     throttled, reasons, during = nvml.judge(clocks.reads)
@@ -251,6 +252,7 @@ def finish(
         notes=[*timer.notes, *notes],
         launch_gap_us=gap,
         raw_samples=raw,
+        stage_s=stage_s,
     )
 
 
@@ -269,7 +271,9 @@ def measure_cuda(
     with torch.cuda.device(index):
         clocks_before = nvml.read_clocks(index)
         flush_bytes, buf = cold_flush(index, mode, settings)
+        t_warmup = time.perf_counter()
         warm_up(launchers, settings)
+        t_prepare = time.perf_counter()
 
         def make(cls: type[CudaTimer]) -> Callable[[], CudaTimer]:
             return lambda: cls(launchers, mode, settings, index, buf)
@@ -281,8 +285,10 @@ def measure_cuda(
         if gap is None and settings.launch_gap_us:
             gap_notes.append(f"no launch gap calibrated for {timer.method} {mode}: samples not corrected")
         raw: list[float] = []
+        t_sampling = time.perf_counter()
         try:
-            stopper = drive(timer, settings, clocks, gap_us=gap, raw=raw)
+            stopper = drive(timer, settings, clocks, gap_us=gap, raw=raw)  # its last batch waited for the GPU
+            t_done = time.perf_counter()
         finally:
             timer.close()
         torch.cuda.synchronize()
@@ -303,4 +309,9 @@ def measure_cuda(
         notes=gap_notes,
         gap=gap,
         raw=raw,
+        stage_s={
+            "warmup_s": t_prepare - t_warmup,
+            "prepare_s": t_sampling - t_prepare,
+            "sampling_s": t_done - t_sampling,
+        },
     )

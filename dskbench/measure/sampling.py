@@ -163,6 +163,7 @@ def assemble(
     notes: Sequence[str] = (),
     launch_gap_us: float | None = None,
     raw_samples: Sequence[float] = (),
+    stage_s: dict[str, float] | None = None,
 ) -> Measurement:
     """The Measurement of the stopper's samples. With `launch_gap_us`, those samples are already
     corrected (see drive) and `raw_samples` are the uncorrected ones, whose median is reported too."""
@@ -208,4 +209,5 @@ def assemble(
         throttle_reasons=list(throttle_reasons),
         notes=notes,
         stopping=stopper.describe(),
+        stage_s={k: round(v, 4) for k, v in stage_s.items()} if stage_s else None,
     )

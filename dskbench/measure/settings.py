@@ -97,6 +97,8 @@ class Measurement:
     throttle_reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stopping: dict[str, Any] | None = None  # the stopping policy: {"name": ..., <its parameters>}
+    # wall seconds of the measurement's stages: warmup_s, prepare_s (calibration, graph capture), sampling_s
+    stage_s: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

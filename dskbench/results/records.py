@@ -245,6 +245,45 @@ class Clocks(Part):
 
 
 @dataclass(frozen=True)
+class Stages(Part):
+    """Where one case's wall time went, in seconds (each stage ends with a device sync, so a stage's
+    GPU work is charged to it). measure_s = warmup_s + prepare_s + sampling_s + the measurement's own
+    bookkeeping (clocks, flush buffer, graph release); item_s is the whole case, clean-up included, and
+    other_s what no stage accounts for."""
+
+    resolve_s: float | None = _optional("import and look up the backend's callable")
+    inputs_s: float | None = _optional("build the inputs (make_inputs)")
+    reference_s: float | None = _optional("run the torch reference")
+    bind_s: float | None = _optional("bind the backend to the inputs")
+    first_launch_s: float | None = _optional("the first launch (JIT compilation and autotuning land here)")
+    check_s: float | None = _optional("compare the output with the reference")
+    warmup_s: float | None = _optional("warm-up launches before anything is timed")
+    prepare_s: float | None = _optional("launch-count calibration and CUDA graph capture")
+    sampling_s: float | None = _optional("the timed batches, until the stopping policy stops")
+    measure_s: float | None = _optional("the whole measurement (warm-up, prepare, sampling, bookkeeping)")
+    item_s: float | None = _optional("the whole case, set-up and clean-up included")
+    other_s: float | None = _optional("item_s less the stages above (record keeping, clean-up)")
+    extra: Mapping[str, Any] = _extra()
+
+    BEFORE_MEASURE: ClassVar[tuple[str, ...]] = (
+        "resolve_s",
+        "inputs_s",
+        "reference_s",
+        "bind_s",
+        "first_launch_s",
+        "check_s",
+    )
+    IN_MEASURE: ClassVar[tuple[str, ...]] = ("warmup_s", "prepare_s", "sampling_s")
+
+    def with_other(self) -> Stages:
+        """With other_s: item_s less the stages before the measurement and the measurement itself."""
+        if not _finite(self.item_s):
+            return self
+        known = sum(x for x in (getattr(self, k) for k in (*self.BEFORE_MEASURE, "measure_s")) if _finite(x))
+        return replace(self, other_s=round(max(0.0, float(self.item_s) - known), 4))
+
+
+@dataclass(frozen=True)
 class Environment(Part):
     """The first record of a run: the machine, the software and the settings its results share."""
 
@@ -291,7 +330,6 @@ def _check_kind(d: Mapping[str, Any], kind: str) -> None:
 RESULT_FIELDS = {
     "reason": "why the case is not ok: required unless ok",
     "seed": "input seed of this case",
-    "stages": "seconds per stage: inputs_s, reference_s, bind_s, first_launch_s, check_s, measure_s, item_s",
     "index": "position in the run's plan",
     "shared_with": "the case whose measurement this record copies (dedupe)",
     "repro": "a dskbench run command line that selects this case again",
@@ -301,7 +339,14 @@ RESULT_FIELDS = {
     "ranks": "collectives: each rank's median_us, p10_us, p90_us, method",
     "detail": "collectives: the set-up's note",
 }
-PARTS = {"check": Check, "traffic": Traffic, "timing": Timing, "metrics": Metrics, "clocks": Clocks}
+PARTS = {
+    "check": Check,
+    "traffic": Traffic,
+    "timing": Timing,
+    "metrics": Metrics,
+    "clocks": Clocks,
+    "stages": Stages,
+}
 
 
 @dataclass(frozen=True)
@@ -320,7 +365,7 @@ class ResultRecord:
     timing: Timing | None = None
     metrics: Metrics | None = None
     clocks: Clocks | None = None
-    stages: dict[str, float] | None = None
+    stages: Stages | None = None
     index: int | None = None
     shared_with: str | None = None
     repro: str | None = None
