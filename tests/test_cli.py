@@ -263,6 +263,7 @@ BAD_OPTIONS = [
     (["run", "--budget", "-1"], "argument --budget: expected a number of seconds > 0, got '-1'"),
     (["run", "--budget", "nan"], "argument --budget: expected a number of seconds > 0, got 'nan'"),
     (["run", "--budget", "inf"], "argument --budget: expected a number of seconds > 0, got 'inf'"),
+    (["run", "--min-time", "0"], "argument --min-time: expected a number of seconds > 0, got '0'"),
     (["run", "--seed", "-3"], "argument --seed: expected an integer >= 0, got '-3'"),
     (["run", "--seed", "1.5"], "argument --seed: expected an integer >= 0, got '1.5'"),
     (["run", "--tp", "0"], "argument --tp: expected comma-separated positive integers, got '0'"),
@@ -298,9 +299,9 @@ def test_bad_numeric_options_are_one_line_errors(capsys, args, says):
 
 def test_good_numeric_options_parse():
     a = cli.build_parser().parse_args(
-        ["run", "--tp", "1,8,8", "--budget", "0.5", "--seed", "0", "--gpus", "all"]
+        ["run", "--tp", "1,8,8", "--budget", "0.5", "--seed", "0", "--gpus", "all", "--min-time", "0.1"]
     )
-    assert (a.tp, a.budget, a.seed, a.gpus) == ((1, 8), 0.5, 0, "all")
+    assert (a.tp, a.budget, a.seed, a.gpus, a.min_time) == ((1, 8), 0.5, 0, "all", 0.1)
     assert cli.build_parser().parse_args(["warm", "--jobs", "3", "--gpus", "2"]).jobs == 3
     p = cli.build_parser().parse_args(["pick", "r.jsonl", "--batch", "1,64", "--tp", "8", "--kv-len", "4096"])
     assert (p.batch, p.tp, p.kv_len) == ((1, 64), 8, 4096)

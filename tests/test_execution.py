@@ -333,6 +333,21 @@ def test_the_stopping_policy_reaches_the_measurement_and_the_repro_command():
     assert repro_command(rec, {"device": "cpu", "stopping": "stdrel"}).endswith("--stopping stdrel")
 
 
+def test_min_time_reaches_the_measurement_and_the_repro_command():
+    from dskbench.execution.case import measure_settings
+    from dskbench.execution.selection import repro_command
+    from dskbench.measure import MeasureSettings
+
+    assert measure_settings(SweepOptions(device="cuda")).min_time_s == MeasureSettings().min_time_s
+    assert measure_settings(SweepOptions(device="cuda", min_time_s=0.1)).min_time_s == 0.1
+    assert (
+        measure_settings(SweepOptions(device="cuda", min_time_s=9.0)).min_time_s == 1.5
+    )  # within the budget
+    rec = {"kernel": "k", "backend": {"name": "b"}, "op": "o", "phase": "decode", "point": {"T": 1}}
+    assert "--min-time" not in repro_command(rec, {"device": "cuda"})
+    assert repro_command(rec, {"device": "cuda", "min_time_s": 0.1}).endswith("--min-time 0.1")
+
+
 def test_build_watch_excuses_a_case_across_the_gaps_of_one_build():
     """Past its limit a case goes on while a compiler runs in any worker group, or ran less than
     BUILD_GAP_S ago (ninja's steps, a build lock handed over); not after the gap, never past the grace."""

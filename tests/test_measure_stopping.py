@@ -47,7 +47,7 @@ def test_the_default_is_todays_rule_with_todays_numbers():
         "max_noise": 0.01,
         "min_samples": 20,
         "max_samples": 10_000,
-        "min_time_s": 0.1,
+        "min_time_s": 0.03,
         "max_time_s": 1.5,
     }
 

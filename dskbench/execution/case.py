@@ -168,6 +168,8 @@ def measure_settings(opts: SweepOptions) -> Any:
         settings = dataclasses.replace(settings, warmup_launches=1, min_samples=1, min_time_s=0.0)
     if opts.budget_s is not None:
         settings = dataclasses.replace(settings, max_time_s=opts.budget_s)
+    if opts.min_time_s is not None:
+        settings = dataclasses.replace(settings, min_time_s=min(opts.min_time_s, settings.max_time_s))
     if opts.flush != settings.flush_kind:
         settings = dataclasses.replace(settings, flush_kind=opts.flush)
     if opts.stopping != settings.stopping:

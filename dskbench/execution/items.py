@@ -64,6 +64,7 @@ class SweepOptions:
     seed: int | None = None  # None: fresh inputs every run
     isolate: bool = True
     budget_s: float | None = None  # per-case time budget override
+    min_time_s: float | None = None  # per-case minimum sampling time override
     stopping: str = "median-ci"  # the stopping policy (dskbench.measure.stopping)
     measure_ceilings: bool = True
     dedupe: bool = True  # measure a (kernel, backend, dims, variant) once; its other ops' records copy it

@@ -178,6 +178,8 @@ def repro_command(rec: Mapping[str, Any], settings: Mapping[str, Any] | None) ->
         args += ["--seed", str(seed)]
     if settings.get("budget_s") is not None:
         args += ["--budget", f"{settings['budget_s']:g}"]
+    if settings.get("min_time_s") is not None:
+        args += ["--min-time", f"{settings['min_time_s']:g}"]
     if (settings.get("stopping") or "median-ci") != "median-ci":
         args += ["--stopping", settings["stopping"]]
     return shlex.join(args)

@@ -16,7 +16,10 @@ class MeasureSettings:
     target_noise: float = 0.01  # relative half-width of the median's 95% CI (see stats.py)
     min_samples: int = 20
     max_samples: int = 10_000  # also bounds the samples_us list written to results
-    min_time_s: float = 0.1
+    # Sampling lasts at least this long before the noise target may stop it: one or two batches
+    # (batch_target_ms), so the stopping rule, not the clock, ends a case. At 0.1 s this floor was most of
+    # a sweep's item time and bought no run-to-run stability (results/h100-2026-11-26/README.md).
+    min_time_s: float = 0.03
     max_time_s: float = 1.5
     replay_target_us: float = 200.0  # one graph replay (or one eager hot sample) lasts at least this
     warmup_launches: int = 10  # eager launches before anything is timed (at least one per input set)

@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--budget", type=types.seconds, help="time budget per case, seconds (> 0)")
     run.add_argument(
+        "--min-time",
+        type=types.seconds,
+        metavar="S",
+        help="sampling a case lasts at least S seconds before its noise target may stop it "
+        "(default 0.03; the quick profile 0.02)",
+    )
+    run.add_argument(
         "--stopping",
         choices=tuple(POLICIES),
         default=DEFAULT_STOPPING,
@@ -133,6 +140,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
+        min_time_s=args.min_time,
         gpus=gpus,
         costs_from=tuple(str(p) for p in args.costs_from or ()),
         case_timeout_s=args.case_timeout,
