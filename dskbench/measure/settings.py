@@ -17,8 +17,9 @@ class MeasureSettings:
     min_samples: int = 20
     max_samples: int = 10_000  # also bounds the samples_us list written to results
     # Sampling lasts at least this long before the noise target may stop it: one or two batches
-    # (batch_target_ms), so the stopping rule, not the clock, ends a case. At 0.1 s this floor was most of
-    # a sweep's item time and bought no run-to-run stability (results/h100-2026-11-26/README.md).
+    # (batch_target_ms), so the stopping rule, not the clock, ends most cases. At 0.1 s the floor held
+    # cases of 5 us to 1 ms for twice the samples their noise target needed, a quarter of a sweep's
+    # sampling time, with no better run-to-run agreement (results/h100-2026-11-26/README.md).
     min_time_s: float = 0.03
     max_time_s: float = 1.5
     replay_target_us: float = 200.0  # one graph replay (or one eager hot sample) lasts at least this
