@@ -293,7 +293,7 @@ RESULT_FIELDS = {
     "seed": "input seed of this case",
     "stages": "seconds per stage: inputs_s, reference_s, bind_s, first_launch_s, check_s, measure_s, item_s",
     "index": "position in the run's plan",
-    "shared_with": "the case whose measurement this record copies (dedupe)",
+    "shared_with": "the case whose measurement this record copies (dedupe; may be another kernel's)",
     "repro": "a dskbench run command line that selects this case again",
     "finished": "unix seconds when the record was written",
     "gpu_index": "sharded runs: the GPU (index into the environment's gpus) it ran on",
