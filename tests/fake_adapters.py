@@ -139,3 +139,26 @@ def _bind_abort(fn, inputs, case):
 class FakeAbort(_FakeNorm):
     kernel = "fake_abort"
     backends = [_fake("fake", _bind_abort)]
+
+
+# Twins across kernels: two names of one implementation (the same call on the same inputs, checked the
+# same way), each declaring it in its own body; a third inherits the claim's attribute but not the claim.
+FAKE_TWIN_IMPLEMENTATION = {"fake": "tests.fake_adapters._rms"}
+
+
+@register
+class FakeTwinA(_FakeNorm):
+    kernel = "fake_twin_a"
+    backends = [_fake("fake", _bind_ok)]
+    implementation = FAKE_TWIN_IMPLEMENTATION
+
+
+@register
+class FakeTwinB(FakeTwinA):
+    kernel = "fake_twin_b"
+    implementation = FAKE_TWIN_IMPLEMENTATION
+
+
+@register
+class FakeTwinHeir(FakeTwinA):
+    kernel = "fake_twin_heir"  # inherits FakeTwinA's `implementation` attribute, declares none itself

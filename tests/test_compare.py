@@ -290,6 +290,23 @@ def test_a_twin_is_not_a_second_regression():
     assert "op_b" not in c.format_table() and "twin of op_a/decode/T=1" in c.format_table(verbose=True)
 
 
+def test_a_cross_kernel_twin_stays_its_own_kernels_case_and_is_not_counted_again():
+    cases = {"k/op/decode/T=1": 10.0, "k/op/decode/T=2": 20.0}
+
+    def side(run_id: str, values: dict[str, float]) -> Run:
+        r = run(run_id, values)
+        src = next(x for x in r.results if x["case_id"] == "k/op/decode/T=1")
+        copy = {**src, "kernel": "k2", "case_id": "k2/op/decode/T=1", "shared_with": src["case_id"]}
+        return Run(r.environment, [*r.results, copy])
+
+    c = compare([side("o", cases)], [side("n", {**cases, "k/op/decode/T=1": 13.0})], prior=PRIOR)
+    copy = next(ch for ch in c.changes if ch.key.case == "k2/op/decode/T=1")
+    assert copy.key.kernel == "k2" and copy.verdict == "slower"  # shown under its own kernel, not lost
+    assert (copy.twin_of.kernel, copy.twin_of.case) == ("k", "k/op/decode/T=1") and not copy.is_regression
+    assert [ch.key.case for ch in c.regressions] == ["k/op/decode/T=1"]  # one measurement, one change
+    assert len(c.measured) == 2 and "(1 twin rows not counted again)" in c.summary()
+
+
 def test_several_runs_per_side_use_run_level_medians_and_their_own_spread():
     case = "k/op/decode/T=1"
     olds = [

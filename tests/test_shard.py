@@ -307,6 +307,29 @@ def test_sharded_sweep_copies_twins_from_the_gpu_that_measured_them(tmp_path, mo
         assert r["gpu_index"] == first["gpu_index"] and r["timing"] == first["timing"]
 
 
+def test_sharded_sweep_measures_a_cross_kernel_twin_once(tmp_path, monkeypatch):
+    registry = {k: _entry(k) for k in ("fake_twin_a", "fake_twin_b", "fake_ok")}
+    _fake_host(monkeypatch, "0,1")
+    opts = SweepOptions(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False, seed=1, gpus=2
+    )
+    items, skips = plan_sweep(registry, default_shapes(), list(registry), ["fake"], opts)
+    printed = shard.print_shards(items, opts)  # the --dry-run cut: what the sweep will measure
+    assert sorted(it.kernel for s in printed for it in s) == ["fake_ok"] * N + ["fake_twin_a"] * N
+    out = tmp_path / "r.jsonl"
+    run_sweep(items, skips, opts, out)
+    (run,) = read_runs([out])
+    assert run.environment["settings"]["shards"] == [len(s) for s in printed]
+    assert run.environment["settings"]["copied_items"] == N
+    by_id = {r["case_id"]: r for r in run.results}
+    copies = [r for r in run.results if "shared_with" in r]
+    assert sorted(r["kernel"] for r in copies) == ["fake_twin_b"] * N
+    for r in copies:
+        first = by_id[r["shared_with"]]
+        assert first["kernel"] == "fake_twin_a" and r["case_id"].startswith("fake_twin_b/")
+        assert r["gpu_index"] == first["gpu_index"] and r["timing"] == first["timing"]
+
+
 def test_measured_costs_cut_the_shards_and_scale_the_model_for_the_rest(tmp_path):
     from dskbench.results.io import ResultsWriter, environment_record, result_record
 

@@ -81,6 +81,10 @@ class Adapter:
     # trace gives no op, or a Hopper replacement measured at an NVFP4 op's shapes).
     ops: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
+    # backend name -> the implementation it launches, for a backend whose call another kernel's adapter
+    # makes too (same function, arguments, inputs, check): such twins are measured once
+    # (dskbench.execution.twins). Read from the class's own body only: a subclass never inherits it.
+    implementation: ClassVar[dict[str, str]] = {}
 
     # -- to implement -----------------------------------------------------------------------------
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:

@@ -7,9 +7,9 @@ asv suites: the benchmark name with its parameters, and the ``backend`` paramete
 
 A side is every run in the files and folders named for it. Runs of one case at the same commit are
 repeats: the side's value is their run-level median, and their spread is that case's own noise. Runs of
-older commits in the same side give way to the latest commit's. A record copied from another op's
-measurement (``shared_with``, and asv rows with identical samples or derived from the same case's
-latency) is a twin: shown, never counted as a second change.
+older commits in the same side give way to the latest commit's. A record copied from another op's (or
+another kernel's) measurement (``shared_with``, and asv rows with identical samples or derived from the
+same case's latency) is a twin: shown, never counted as a second change.
 """
 
 from __future__ import annotations
@@ -199,10 +199,12 @@ def add_runs(side: Side, runs: Iterable[Run], source: str = "") -> None:
         commit = str((env.get("git") or {}).get("commit") or "")
         created = str(env.get("created", ""))
         info = RunInfo(run.run_id, machine, commit, created, settings_of(env), source, machine)
+        # a copy may come from another kernel's case (dskbench.execution.twins): the measured record says which
+        kernel_of = {r.get("case_id"): r["kernel"] for r in run.results}
         for rec in run.results:
             key = Key(machine, rec["kernel"], rec.get("case_id") or rec["kernel"], rec["backend"]["name"])
             twin = rec.get("shared_with")
-            twin_of = Key(machine, rec["kernel"], str(twin), key.backend) if twin else None
+            twin_of = Key(machine, kernel_of.get(twin, key.kernel), str(twin), key.backend) if twin else None
             side.add(
                 Obs(key, stat_from_record(rec, commit), run.run_id, created, info.settings, twin_of), info
             )

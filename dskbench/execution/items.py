@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from dataclasses import dataclass
@@ -67,7 +66,7 @@ class SweepOptions:
     min_time_s: float | None = None  # per-case minimum sampling time override
     stopping: str = "median-ci"  # the stopping policy (dskbench.measure.stopping)
     measure_ceilings: bool = True
-    dedupe: bool = True  # measure a (kernel, backend, dims, variant) once; its other ops' records copy it
+    dedupe: bool = True  # measure twins once, their records copy it (dskbench.execution.twins)
     gpus: int = (
         1  # >1: shard the items over this many GPUs, one worker process each (dskbench/execution/shard.py)
     )
@@ -94,26 +93,6 @@ def case_seed(run_seed: int, case_id: str, backend: str) -> int:
 def sweep_seed(opts: SweepOptions) -> int:
     """The run's input seed: --seed, or a fresh one (recorded with the run either way)."""
     return opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little") % 2**31
-
-
-def dedupe_items(items: list[WorkItem]) -> tuple[list[WorkItem], dict[int, list[WorkItem]]]:
-    """Items to run, and for each of them (by index) the items that launch the same kernel with the same
-    inputs: another op of the same shape (input_layernorm and post_attention_layernorm are both
-    [T, 7168]), or decode and prefill at the same T. Their records are copies of the measured one,
-    marked `shared_with` (Recorder)."""
-    first: dict[tuple[str, str, str, str], WorkItem] = {}
-    run: list[WorkItem] = []
-    copies: dict[int, list[WorkItem]] = {}
-    for it in items:
-        c = it.case
-        key = (it.kernel, it.backend, json.dumps(c["dims"], sort_keys=True), json.dumps(c.get("variant")))
-        primary = first.get(key)
-        if primary is None:
-            first[key] = it
-            run.append(it)
-        else:
-            copies.setdefault(primary.index, []).append(it)
-    return run, copies
 
 
 class PlanError(ValueError):

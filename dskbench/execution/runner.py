@@ -30,7 +30,6 @@ from dskbench.execution.items import (  # noqa: F401
     SweepOptions,
     WorkItem,
     case_seed,
-    dedupe_items,
     sweep_seed,
 )
 from dskbench.execution.pool import Slot
@@ -42,6 +41,7 @@ from dskbench.execution.sweep import (  # noqa: F401
     run_in_process,
     worker_plan,
 )
+from dskbench.execution.twins import measure_once
 from dskbench.shapes.cases import ModelShapes
 
 # Registry statuses whose kernels are planned case by case: a needs-multi-gpu kernel with an adapter
@@ -147,7 +147,7 @@ def run_sweep(
     device = DeviceInfo.detect(opts.device)
     run_id = new_run_id()
     run_seed = sweep_seed(opts)
-    to_run, copies = dedupe_items(items) if opts.dedupe else (items, {})
+    to_run, copies = measure_once(items) if opts.dedupe else (items, {})
     ceilings = None
     if device.kind == "cuda" and opts.measure_ceilings and items:
         ceilings = timed_ceilings()

@@ -45,9 +45,10 @@ from dskbench.execution.cost import (
     UNIT_OVERHEAD_S,
     item_cost,
 )
-from dskbench.execution.items import SweepOptions, WorkItem, dedupe_items, sweep_seed
+from dskbench.execution.items import SweepOptions, WorkItem, sweep_seed
 from dskbench.execution.pool import Slot
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
+from dskbench.execution.twins import measure_once
 from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
 from dskbench.setup.visible import visible_devices
 
@@ -204,7 +205,7 @@ def print_shards(items: Sequence[WorkItem], opts: SweepOptions) -> list[list[Wor
     """The cut a sharded sweep would make (for --dry-run): each GPU's kernels, cases and estimate."""
     host = DeviceInfo.detect("cuda")
     if opts.dedupe:
-        items = dedupe_items(list(items))[0]
+        items = measure_once(items)[0]
     shards, loads = shard_items(items, opts.gpus, sweep_cost(items, opts, host))
     for g, (s, load) in enumerate(zip(shards, loads, strict=True)):
         kernels = sorted({it.kernel for it in s})
@@ -281,7 +282,7 @@ def run_sharded(
     probes = probe_gpus(tokens, opts.device, opts.measure_ceilings and opts.device == "cuda" and bool(items))
     check_same_model(probes, tokens)
     gate = host if opts.device == "cuda" else DeviceInfo("cpu")
-    to_run, copies = dedupe_items(items) if opts.dedupe else (items, {})
+    to_run, copies = measure_once(items) if opts.dedupe else (items, {})
     shards, loads = shard_items(to_run, n, sweep_cost(to_run, opts, gate))
     run_id = new_run_id()
     run_seed = sweep_seed(opts)

@@ -55,7 +55,7 @@ class Recorder:
         settings: dict[str, Any] | None = None,
     ):
         self.writer, self.run_id, self.progress = writer, run_id, progress
-        self.copies = copies or {}  # item index -> items whose records copy its result (dedupe_items)
+        self.copies = copies or {}  # item index -> items whose records copy its result (twins.measure_once)
         self.settings = (
             settings  # the run's settings: each record's repro command (dskbench.execution.selection)
         )
@@ -92,10 +92,10 @@ class Recorder:
             ).validate_complete()
             self._write(item, rec)
             for twin in self.copies.get(item.index, ()):
+                # the twin's own identity (another kernel's, for a cross-kernel twin), the measurement's rest
                 own = twin.record_identity()
-                same = {k: getattr(own, k) for k in ("case_id", "op", "variant", "phase", "point", "dims")}
+                ident = dataclasses.replace(rec.identity, **{k: getattr(own, k) for k in own.KEYS})
                 repro = self._repro(twin.identity())
-                ident = dataclasses.replace(rec.identity, **same)
                 self._write(
                     twin, rec.with_(identity=ident, index=twin.index, repro=repro, shared_with=item.case_id)
                 )

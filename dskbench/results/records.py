@@ -331,7 +331,7 @@ RESULT_FIELDS = {
     "reason": "why the case is not ok: required unless ok",
     "seed": "input seed of this case",
     "index": "position in the run's plan",
-    "shared_with": "the case whose measurement this record copies (dedupe)",
+    "shared_with": "the case whose measurement this record copies (dedupe; may be another kernel's)",
     "repro": "a dskbench run command line that selects this case again",
     "finished": "unix seconds when the record was written",
     "gpu_index": "sharded runs: the GPU (index into the environment's gpus) it ran on",

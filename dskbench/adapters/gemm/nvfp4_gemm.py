@@ -159,6 +159,16 @@ MM_FP4_BACKENDS: list[Backend] = [
 ]
 
 
+# The four MM_FP4_BACKENDS as cutlass_scaled_fp4_mm and mm_fp4 both run them (one call, same inputs and
+# check): each adapter declares them in its own body, so a case of one is measured once for both.
+MM_FP4_IMPLEMENTATION = {
+    "flashinfer.cute-dsl": "flashinfer.mm_fp4[cute-dsl]",
+    "flashinfer.cutlass": "flashinfer.mm_fp4[cutlass]",
+    "flashinfer.cudnn": "flashinfer.mm_fp4[cudnn]",
+    "flashinfer.trtllm": "flashinfer.mm_fp4[trtllm]",
+}
+
+
 @register
 class CutlassScaledFp4Mm(NumericsAdapter):
     """NVFP4 W4A4 dense GEMM (o_proj, dense gate_up/down, shared expert). sgl-kernel's CUTLASS kernel is
@@ -192,6 +202,7 @@ class CutlassScaledFp4Mm(NumericsAdapter):
             extra={"numerics": "w4a16"},
         ),
     ]
+    implementation = MM_FP4_IMPLEMENTATION
 
     def applies(self, case: Case) -> bool:
         return case.dims.get("weight") == "nvfp4"
@@ -258,3 +269,4 @@ class MmFp4(CutlassScaledFp4Mm):
     kernel = "mm_fp4"
     description = "flashinfer NVFP4 x NVFP4 GEMM (cute-dsl / cutlass / cudnn / trtllm), bf16 out"
     backends: ClassVar[list[Backend]] = list(MM_FP4_BACKENDS)
+    implementation = MM_FP4_IMPLEMENTATION

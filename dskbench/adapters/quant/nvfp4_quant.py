@@ -80,6 +80,14 @@ class _QuantBase(Adapter):
         return Traffic(2 * t * k + fp4.nvfp4_bytes(t * k), 4 * t * k, "bf16 in, NVFP4 out (scales unpadded)")
 
 
+# flashinfer.fp4_quantize as _bind_fi_fp4_quantize calls it, on _QuantBase's inputs: scaled_fp4_quant and
+# fp4_quantize both declare it in their own bodies, so a case of one is measured once for both.
+FP4_QUANTIZE_IMPLEMENTATION = {
+    "flashinfer.cuda": "flashinfer.fp4_quantize[cuda]",
+    "flashinfer.cute-dsl": "flashinfer.fp4_quantize[cute-dsl]",
+}
+
+
 @register
 class ScaledFp4Quant(_QuantBase):
     """The W4A4 linears' activation quantiser (sgl-kernel scaled_fp4_quant; SGLang 0.5.16 calls
@@ -118,6 +126,7 @@ class ScaledFp4Quant(_QuantBase):
             note="the traced kernel; removed from sglang-kernel 0.4.5",
         ),
     ]
+    implementation = FP4_QUANTIZE_IMPLEMENTATION
 
 
 @register
@@ -146,6 +155,7 @@ class Fp4Quantize(_QuantBase):
             fallbacks=("flashinfer.quantization.fp4_quantization:fp4_quantize",),
         ),
     ]
+    implementation = FP4_QUANTIZE_IMPLEMENTATION
 
 
 def _bind_fi_mxfp4_quantize(backend: str) -> Callable[[Any, dict[str, Any], Case], Callable[[], Any]]:
