@@ -747,7 +747,8 @@ def test_real_deployment_shows_flashinfer_cutlass_fp8_and_bf16_moe_as_what_ifs()
     assert shown["flashinfer_cutlass (BF16 weights)"] == pytest.approx(9.0 + 3.5)
     p = pick([run_of(recs)], "NVIDIA H200", phases=["decode"], batches=[1], dep=dep)
     assert (
-        "what-if faster than the pick: B=1: flashinfer_cutlass (FP8-block weights) 9.50" in render_markdown(p)
+        "what-if faster than the pick: B=1: flashinfer_cutlass (FP8-block weights) (+3 rows) 9.50"
+        in render_markdown(p)
     )
     text = json.dumps(render_json(p))
     assert "flashinfer_cutlass (FP8-block weights)" in text and "flashinfer_cutlass (BF16 weights)" in text

@@ -218,7 +218,7 @@ def details(pp: PhasePick) -> list[tuple[str, list[str]]]:
             best = c.what_if[0] if c.what_if else None
             if best is not None and (w is None or best.median < w.median):
                 than = f" (pick {us(w.median)})" if w else ""
-                faster.append(f"{v}={b}: {best.name} {us(best.median)}{than}")
+                faster.append(f"{v}={b}: {best.name}{separate_mark(best)} {us(best.median)}{than}")
         lines = [f"no measurement {at(empty)}"] if empty else []
         for (name, status), bs in groups.items():
             word = "no measurement" if status == "missing" else status
