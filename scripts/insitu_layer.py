@@ -28,13 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 def layer_kernels(
     picker: Any, batch: int, kv_len: int, layer: str
 ) -> tuple[list[tuple[str, Any]], list[str]]:
-    """(row name, Measured record of the chosen kernel) in execution order, and the rows with no pick."""
+    """(row name, Measured record of the chosen kernel) in execution order, and the rows with no pick. Rows
+    a picked path fuses (the shared expert in the routed MoE) run inside it, not on their own."""
     steps, missing = [], []
-    for row in picker.rows:
-        if row.scope != "layer" or row.layers not in (None, layer):
+    rows = [r for r in picker.rows if r.scope == "layer" and r.layers in (None, layer)]
+    winners = {r.name: picker.cell(r, batch, picker.row_kv(r, kv_len)).winner for r in rows}
+    fused = {n for w in winners.values() if w is not None for n in w.path.fuses}
+    for row in rows:
+        if row.name in fused:
             continue
-        kv = kv_len if picker.kv_values(row) != [None] else None
-        w = picker.cell(row, batch, kv).winner
+        w = winners[row.name]
         if w is None:
             missing.append(row.name)
             continue

@@ -481,10 +481,16 @@ def test_real_h200_results():
     dec = p.phases[0]
     assert dev == "NVIDIA H200" and dec.batches == [1, 16, 64, 256]
     by = {rp.label: rp for rp in dec.rows}
-    assert by["MoE (topk + experts)"].cells[1].winner.name == "marlin"
+    # measured before the fused MoE op existed: SGLang's Marlin MoE fuses the shared expert, so the MoE
+    # row has no pick (its unfused Marlin sum is a what-if only) and the step says which op it lacks
+    moe = by["MoE (topk + experts)"].cells[1]
+    assert moe.winner is None and [o.name for o in moe.what_if] == ["marlin (shared expert unfused)"]
+    assert "MoE (topk + experts) (no experts_fused_shared measured)" in dec.estimates[0].step.missing
+    assert not dec.estimates[0].step.complete
     assert by["o_proj"].cells[64].winner.name == "marlin"
     md = render_markdown(p)
-    assert re.search(r"\| `--moe-runner-backend` \| marlin \|", md)
+    assert re.search(r"\| `--moe-runner-backend` \| no value measured for every row \|", md)
+    assert "0 (priced with MoE (topk + experts))" in md
 
 
 def test_insitu_layer_sequence_follows_the_picks(picker):
@@ -707,7 +713,19 @@ def test_real_deployment_shows_flashinfer_cutlass_fp8_and_bf16_moe_as_what_ifs()
     for b in (1, 16):
         recs += [
             rec("moe_fused_gate", "topk", "flashinfer", b, 1.0),
-            rec("cutlass_fp4_group_mm", "experts", "sglang.fused_marlin_moe", b, 30.0, tp=1),
+            rec("cutlass_fp4_group_mm", "experts_fused_shared", "sglang.fused_marlin_moe", b, 30.0, tp=1),
+            # the shared expert (2 + 0.5 + 1 us): the unfused what-ifs run it on their own
+            rec(
+                "cutlass_scaled_fp4_mm",
+                "shared_experts",
+                "sglang_jit.marlin",
+                b,
+                2.0,
+                variant="gate_up",
+                tp=1,
+            ),
+            rec("silu_and_mul", "shared_experts", "sgl_kernel", b, 0.5, tp=1),
+            rec("cutlass_scaled_fp4_mm", "shared_experts", "sglang_jit.marlin", b, 1.0, variant="down", tp=1),
             rec("cutlass_fused_moe", "experts", "flashinfer.fp8_block", b, 5.0, variant="fp8", tp=1),
             rec("cutlass_fused_moe", "experts", "flashinfer.bf16", b, 8.0, variant="bf16", tp=1),
             rec(
@@ -725,11 +743,12 @@ def test_real_deployment_shows_flashinfer_cutlass_fp8_and_bf16_moe_as_what_ifs()
     cell = picker.cell(row(picker, moe.name), 1, None)
     assert cell.winner.name == "marlin" and cell.winner.median == pytest.approx(31.0)
     shown = {o.name: o.median for o in cell.what_if}
-    assert shown["flashinfer_cutlass (FP8-block weights)"] == pytest.approx(6.0)
-    assert shown["flashinfer_cutlass (BF16 weights)"] == pytest.approx(9.0)
+    assert shown["flashinfer_cutlass (FP8-block weights)"] == pytest.approx(6.0 + 3.5)
+    assert shown["flashinfer_cutlass (BF16 weights)"] == pytest.approx(9.0 + 3.5)
     p = pick([run_of(recs)], "NVIDIA H200", phases=["decode"], batches=[1], dep=dep)
     assert (
-        "what-if faster than the pick: B=1: flashinfer_cutlass (FP8-block weights) 6.00" in render_markdown(p)
+        "what-if faster than the pick: B=1: flashinfer_cutlass (FP8-block weights) (+3 rows) 9.50"
+        in render_markdown(p)
     )
     text = json.dumps(render_json(p))
     assert "flashinfer_cutlass (FP8-block weights)" in text and "flashinfer_cutlass (BF16 weights)" in text

@@ -26,6 +26,22 @@ class DeploymentError(ValueError):
     """A deployment file that does not parse or names a flag value sglang does not accept."""
 
 
+# The keys each level of the file may hold: a misspelt one (`fuse:`) is an error, not a silent default.
+ROW_KEYS = frozenset(
+    {"name", "op", "ops", "variant", "calls", "scope", "min_tp", "kernels", "what_if", "paths", "replaces"}
+)
+PATH_KEYS = frozenset({"name", "flags", "parts", "what_if", "note", "fuses"})
+PART_KEYS = frozenset({"op", "kernel", "variant", "backends"})
+
+
+def _check_keys(d: Any, known: frozenset[str], where: str) -> None:
+    if not isinstance(d, dict):
+        raise DeploymentError(f"{where}: expected a mapping, got {type(d).__name__}")
+    bad = sorted(str(k) for k in d if k not in known)
+    if bad:
+        raise DeploymentError(f"{where}: unknown key {bad[0]!r} (known: {', '.join(sorted(known))})")
+
+
 @dataclass(frozen=True)
 class Part:
     """One kernel call of a path: the fastest correct of `kernels` x `backends` (None: any backend)."""
@@ -55,6 +71,9 @@ class PathSpec:
     flags: dict[str, str] = field(default_factory=dict)
     what_if: str | None = None
     note: str = ""
+    # rows of the phase this path does the work of (SGLang's shared-expert fusion: the routed MoE runs the
+    # shared expert as one more expert): priced inside this path, 0 in the step when it is picked
+    fuses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,9 +160,11 @@ def _tuple(x: Any) -> tuple[str, ...]:
     return (str(x),) if isinstance(x, str) else tuple(str(v) for v in x)
 
 
-def _path(d: dict[str, Any], op: str, variant: str | None) -> PathSpec:
+def _path(d: dict[str, Any], op: str, variant: str | None, where: str) -> PathSpec:
+    _check_keys(d, PATH_KEYS, where)
     parts = []
-    for pd in d["parts"]:
+    for i, pd in enumerate(d["parts"]):
+        _check_keys(pd, PART_KEYS, f"{where} parts[{i}]")
         backends = pd.get("backends")
         parts.append(
             Part(
@@ -159,6 +180,7 @@ def _path(d: dict[str, Any], op: str, variant: str | None) -> PathSpec:
         flags={str(k): str(v) for k, v in (d.get("flags") or {}).items()},
         what_if=d.get("what_if"),
         note=str(d.get("note") or ""),
+        fuses=_tuple(d.get("fuses")),
     )
 
 
@@ -172,7 +194,8 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
     rows: dict[str, list[RowSpec]] = {}
     for phase, specs in (data.get("phases") or {}).items():
         out: list[RowSpec] = []
-        for s in specs:
+        for i, s in enumerate(specs):
+            _check_keys(s, ROW_KEYS, f"{source}: phases.{phase}[{i}]")
             op = str(s["op"])
             variant = s.get("variant")
             ops = _tuple(s.get("ops")) or (op,)
@@ -185,7 +208,10 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
             set_name = s.get("paths")
             if set_name is not None and set_name not in path_sets:
                 raise DeploymentError(f"{source}: row {op}: unknown path set {set_name!r}")
-            row_paths = tuple(_path(pd, op, variant) for pd in (path_sets.get(set_name) or []))
+            row_paths = tuple(
+                _path(pd, op, variant, f"{source}: path_sets.{set_name}[{j}]")
+                for j, pd in enumerate(path_sets.get(set_name) or [])
+            )
             out.append(
                 RowSpec(
                     name=str(s.get("name") or (f"{op}:{variant}" if variant else op)),
@@ -206,7 +232,7 @@ def _parse(data: dict[str, Any], shapes: ModelShapes, source: str) -> Deployment
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise DeploymentError(f"{source}: phase {phase}: duplicate row names {', '.join(dup)}")
-        bad = replacement_problems(out)
+        bad = replacement_problems(out) + fusion_problems(out)
         if bad:
             raise DeploymentError(f"{source}: phase {phase}: " + "; ".join(bad))
         rows[str(phase)] = out
@@ -248,6 +274,24 @@ def replacement_problems(rows: list[RowSpec]) -> list[str]:
             out.append(f"row {r.name}: replaces is for scope nextn rows, not {r.scope}")
         elif r.replaces not in layer_rows:
             out.append(f"row {r.name}: replaces {r.replaces!r}, which is no layer row of this phase")
+    return out
+
+
+def fusion_problems(rows: list[RowSpec]) -> list[str]:
+    """`fuses` names other rows of the same phase, of the fusing row's scope (a NextN row's path may also
+    fuse the layer rows the draft layer runs)."""
+    by_name = {r.name: r for r in rows}
+    out = []
+    for r in rows:
+        for p in r.paths:
+            for name in p.fuses:
+                f = by_name.get(name)
+                if f is None or f is r:
+                    out.append(
+                        f"row {r.name} path {p.name}: fuses {name!r}, which is no other row of this phase"
+                    )
+                elif f.scope not in (r.scope, "layer" if r.scope == "nextn" else r.scope):
+                    out.append(f"row {r.name} path {p.name}: fuses {name!r}, a {f.scope} row")
     return out
 
 

@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from dskbench.analysis.pick_data import RowSpec
+from dskbench.analysis.pick_eval import Cell
 from dskbench.analysis.pick_rows import Picker
 
 
@@ -40,6 +41,7 @@ class Estimate:
     contributions: dict[str, float]  # row -> us per step in `step`
     spec_step: Total | None = None
     spec_note: str = ""
+    folded: dict[str, str] = field(default_factory=dict)  # row -> why it is 0 in `step` (priced in another)
 
 
 def multiplicity(row: RowSpec, counts: dict[str, int]) -> int:
@@ -50,25 +52,75 @@ def multiplicity(row: RowSpec, counts: dict[str, int]) -> int:
     return sum(counts.values())
 
 
+FUSED_NOTE = "fused into the routed MoE"
+
+
 def _row_kv(p: Picker, row: RowSpec, kv: int) -> int | None:
-    return kv if p.kv_values(row) != [None] else None
+    return p.row_kv(row, kv)
+
+
+def _in_total(row: RowSpec, kind: str, scope: str, skip: frozenset[str]) -> bool:
+    return row.scope == scope and (scope != "layer" or row.layers in (None, kind)) and row.name not in skip
+
+
+def fused_away(p: Picker, rows: list[RowSpec]) -> set[str]:
+    """Rows that a row of `rows` prices inside its own cost (`fuses`): 0 in a sum of `rows`."""
+    return {n for r in rows for n in p.fused_rows(r)}
 
 
 def _layer_total(
-    p: Picker, kind: str, batch: int, kv: int, scope: str = "layer", skip: frozenset[str] = frozenset()
+    p: Picker,
+    kind: str,
+    batch: int,
+    kv: int,
+    scope: str = "layer",
+    skip: frozenset[str] = frozenset(),
+    with_rows: tuple[RowSpec, ...] = (),
 ) -> Total:
     """Sum of the winners of one layer kind (or of the rows of another scope) at one batch point, leaving
-    out the rows named in `skip`."""
+    out the rows named in `skip` and the rows another row of the sum (or of `with_rows`, summed beside it)
+    prices with its own (`fuses`)."""
+    rows = [r for r in p.rows if _in_total(r, kind, scope, skip)]
+    away = fused_away(p, [*rows, *with_rows])
     t = Total()
+    for row in rows:
+        if row.name in away:
+            continue
+        cell = p.cell(row, batch, _row_kv(p, row, kv))
+        if cell.winner is None:
+            t.missing.append(missing_label(row, cell))
+        else:
+            t.add(cell.winner.median, row.calls)
+    return t
+
+
+def missing_label(row: RowSpec, cell: Cell) -> str:
+    """The row, and the ops beyond its own that its SGLang paths lack (e.g. the fused MoE's op)."""
+    ops = dict.fromkeys(
+        pr.part.op
+        for o in cell.missing
+        if not o.path.what_if
+        for pr in o.parts
+        if pr.status == "missing" and pr.part.op not in row.ops
+    )
+    return f"{row.name} (no {', '.join(ops)} measured)" if ops else row.name
+
+
+def folded(p: Picker, batch: int, kv: int) -> dict[str, str]:
+    """Layer and step rows priced 0 in the step because the row that fuses them is in it -> why."""
+    out: dict[str, str] = {}
     for row in p.rows:
-        if row.scope != scope or (scope == "layer" and row.layers not in (None, kind)) or row.name in skip:
+        if row.scope not in ("layer", "step"):
             continue
         w = p.cell(row, batch, _row_kv(p, row, kv)).winner
-        if w is None:
-            t.missing.append(row.name)
-        else:
-            t.add(w.median, row.calls)
-    return t
+        for name in p.fused_rows(row):
+            if w is None:
+                out[name] = f"priced with {row.name}"
+            elif w.path.fuses:
+                out[name] = f"{FUSED_NOTE} ({w.name})"
+            else:
+                out[name] = f"in {row.name}: {w.name} runs it separately"
+    return out
 
 
 def estimate(p: Picker, batch: int, kv: int) -> Estimate:
@@ -79,13 +131,16 @@ def estimate(p: Picker, batch: int, kv: int) -> Estimate:
     per_step = _layer_total(p, "", batch, kv, scope="step")
     step = Total().plus(dense, n_dense).plus(moe, n_moe).plus(per_step)
     contrib: dict[str, float] = {}
+    away = folded(p, batch, kv)
     for row in p.rows:
         if row.scope not in ("layer", "step"):
             continue
         w = p.cell(row, batch, _row_kv(p, row, kv)).winner
-        if w is not None:
+        if row.name in away:
+            contrib[row.name] = 0.0
+        elif w is not None:
             contrib[row.name] = multiplicity(row, counts) * row.calls * w.median
-    est = Estimate(batch, kv, dense, moe, per_step, step, contrib)
+    est = Estimate(batch, kv, dense, moe, per_step, step, contrib, folded=away)
     spec = p.dep.speculative
     if p.phase == "decode" and spec.get("target_tokens") and spec.get("draft_forwards"):
         tb = batch * spec["target_tokens"]
@@ -93,7 +148,8 @@ def estimate(p: Picker, batch: int, kv: int) -> Estimate:
         target = target.plus(_tag(_layer_total(p, "moe", tb, kv), tb), n_moe)
         # the draft layer: the target's layer rows, but for those a NextN row replaces (run in BF16)
         replaced = draft_replaced(p)
-        draft_layer = _layer_total(p, p.dep.draft_layer, batch, kv, skip=frozenset(replaced))
+        nextn = tuple(r for r in p.rows if r.scope == "nextn")
+        draft_layer = _layer_total(p, p.dep.draft_layer, batch, kv, skip=frozenset(replaced), with_rows=nextn)
         draft = draft_layer.plus(_layer_total(p, "", batch, kv, scope="nextn"))
         extra = _layer_total(p, "", batch, kv, scope="spec")
         est.spec_step = target.plus(draft, spec["draft_forwards"]).plus(extra)
@@ -133,8 +189,9 @@ class FlagChoice:
 def flag_choices(p: Picker, batch: int, kv: int) -> list[FlagChoice]:
     counts = p.dep.layer_counts
     governed: dict[str, list[RowSpec]] = defaultdict(list)
+    fused = {n for n, why in folded(p, batch, kv).items() if why.startswith(FUSED_NOTE)}
     for row in p.rows:
-        if row.scope not in ("layer", "step"):
+        if row.scope not in ("layer", "step") or row.name in fused:  # a fused row costs nothing to set
             continue
         for flag in sorted({f for c in p.candidates[row.name] if not c.what_if for f in c.flags}):
             governed[flag].append(row)

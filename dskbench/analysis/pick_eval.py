@@ -32,6 +32,9 @@ class Outcome:
     stat: Stat | None = None
     parts: tuple[PartResult, ...] = ()
     reason: str = ""
+    # rows whose winners were added to this candidate: the rows its siblings fuse, which it leaves to run
+    # on their own (so every candidate of the row is priced for the same work)
+    separate: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:

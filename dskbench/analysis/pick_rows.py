@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dskbench.analysis.pick_data import Deployment, Part, PathSpec, RowSpec
-from dskbench.analysis.pick_eval import Cell, eval_path, judge_cell
+from dskbench.analysis.pick_eval import Cell, Outcome, combine, eval_path, judge_cell
 from dskbench.analysis.pick_index import REFERENCE, ResultIndex
 
 
@@ -32,6 +32,7 @@ class Picker:
         self.rows = [r for r in dep.rows.get(phase, []) if r.min_tp <= tp]
         self.used: set[tuple[str, str, str | None, str]] = set()
         self.candidates = {r.name: self._candidates(r) for r in self.rows}
+        self._by_name = {r.name: r for r in self.rows}
         self._cache: dict[tuple[str, int, int | None], Cell] = {}
 
     def _candidates(self, row: RowSpec) -> list[PathSpec]:
@@ -85,9 +86,53 @@ class Picker:
     def cell(self, row: RowSpec, batch: int, kv: int | None) -> Cell:
         key = (row.name, batch, kv)
         if key not in self._cache:
-            outcomes = [eval_path(self.idx, c, batch, kv) for c in self.candidates[row.name]]
+            cands = self._follow_fusion(row, batch, kv)
+            fused = self.fused_rows(row)
+            outcomes = [
+                self._with_separate(eval_path(self.idx, c, batch, kv), fused, batch, kv) for c in cands
+            ]
             self._cache[key] = judge_cell(outcomes, batch, kv, self.threshold)
         return self._cache[key]
+
+    # -- shared-expert fusion (paths with `fuses`) ------------------------------------------------------
+
+    def fused_rows(self, row: RowSpec) -> tuple[str, ...]:
+        """Rows some candidate of `row` fuses (its own work for those candidates, separate for the rest)."""
+        names = dict.fromkeys(n for c in self.candidates[row.name] for n in c.fuses)
+        return tuple(n for n in names if n in self._by_name)
+
+    def row_kv(self, row: RowSpec, kv: int | None) -> int | None:
+        return kv if self.kv_values(row) != [None] else None
+
+    def _with_separate(self, o: Outcome, fused: tuple[str, ...], batch: int, kv: int | None) -> Outcome:
+        """A candidate that does not fuse the rows its siblings fuse is priced with their winners added."""
+        if not fused or o.path.fuses or o.status != "ok":
+            return o
+        stats = [o.stat]
+        for name in fused:
+            r = self._by_name[name]
+            w = self.cell(r, batch, self.row_kv(r, kv)).winner
+            if w is None:
+                why = f"no winner for {name}, which {o.name} runs separately (its siblings fuse it)"
+                return replace(o, status="missing", stat=None, reason=why, separate=fused)
+            stats.append(w.stat)
+        return replace(o, stat=combine(stats), separate=fused)  # type: ignore[arg-type]
+
+    def _follow_fusion(self, row: RowSpec, batch: int, kv: int | None) -> list[PathSpec]:
+        """A NextN row that replaces a layer row fuses the shared expert exactly when that row's winner does
+        (SGLang decides the fusion once, for the target and its draft): the candidates of the other kind are
+        kept as what-ifs; with no winner there, every candidate is (the draft's path is not known)."""
+        cands = self.candidates[row.name]
+        target = self._by_name.get(row.replaces or "")
+        if row.scope != "nextn" or target is None or not self.fused_rows(row):
+            return cands
+        w = self.cell(target, batch, self.row_kv(target, kv)).winner
+        if w is None:
+            why = f"no pick for {target.name}: whether SGLang fuses the draft's shared expert follows it"
+            return [c if c.what_if else replace(c, what_if=why) for c in cands]
+        on = bool(w.path.fuses)
+        why = f"the target's MoE ({w.name}) {'fuses' if on else 'does not fuse'} the shared expert; the draft follows"
+        return [c if bool(c.fuses) == on or c.what_if else replace(c, what_if=why) for c in cands]
 
     def row_picks(self, batches: Sequence[int], kv_filter: int | None = None) -> list[RowPick]:
         out = []

@@ -22,6 +22,10 @@ def _outcome_json(o: Outcome) -> dict[str, Any]:
         d["what_if"] = o.path.what_if
     if o.path.note:
         d["note"] = o.path.note
+    if o.path.fuses:
+        d["fuses"] = list(o.path.fuses)
+    if o.separate:
+        d["separate_rows"] = list(o.separate)  # their winners are in median_us
     parts = []
     for pr in o.parts:
         m = pr.chosen
@@ -97,6 +101,7 @@ def render_json(p: Pick) -> dict[str, Any]:
                     "spec_step": _total_json(e.spec_step),
                     "spec_note": e.spec_note,
                     "contributions_us": e.contributions,
+                    "folded": e.folded,
                 }
                 for e in pp.estimates
             },

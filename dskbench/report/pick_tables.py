@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dskbench.analysis.compare import format_number
-from dskbench.analysis.pick import Cell, Estimate, FlagChoice, Launch, PhasePick, Total
+from dskbench.analysis.pick import Cell, Estimate, FlagChoice, Launch, Outcome, PhasePick, Total
 from dskbench.analysis.pick_index import batch_var
 
 RULE = (
@@ -44,11 +44,16 @@ def cell_text(c: Cell) -> str:
             return "no measurement"
         n = [(len(c.excluded), "wrong/error"), (len(c.skipped), "skipped"), (len(c.missing), "unmeasured")]
         return "✗ none correct: " + ", ".join(f"{k} {what}" for k, what in n if k)
-    s = f"**{w.name}** {us(w.median)}"
+    s = f"**{w.name}**{separate_mark(w)} {us(w.median)}"
     if r is not None:
         sign = "≈" if c.tie else "›"
-        s += f" {sign} {r.name} +{c.margin:.1%}" + (" tie" if c.tie else "")
+        s += f" {sign} {r.name}{separate_mark(r)} +{c.margin:.1%}" + (" tie" if c.tie else "")
     return s
+
+
+def separate_mark(o: Outcome) -> str:
+    """A candidate priced with rows its siblings fuse (it runs them on their own)."""
+    return f" (+{len(o.separate)} rows)" if o.separate else ""
 
 
 def total_text(t: Total, names: int = 3) -> str:
@@ -85,7 +90,9 @@ def tables(pp: PhasePick, layer_counts: dict[str, int]) -> list[tuple[str, list[
             ["op"] + cols,
             pick_rows,
             "› runner-up and how much slower; ≈ … tie: inside run-to-run noise. [dense]/[MoE]: rows of "
-            "those layers only.",
+            "those layers only. (+N rows): a path that leaves the N rows its siblings fuse (the shared "
+            "expert) to run on their own, priced with their winners added; rows a picked path fuses count 0 "
+            "in the step.",
         )
     )
     n_dense, n_moe = layer_counts.get("dense", 0), layer_counts.get("moe", 0)
@@ -121,7 +128,11 @@ def tables(pp: PhasePick, layer_counts: dict[str, int]) -> list[tuple[str, list[
         cells = []
         for e in ests:
             x = e.contributions.get(rp.row.name)
-            cells.append(f"{us(x)} ({x / e.step.us:.1%})" if x is not None and e.step.us else "–")
+            why = e.folded.get(rp.row.name)
+            if why is not None:
+                cells.append(f"0 ({why})")
+            else:
+                cells.append(f"{us(x)} ({x / e.step.us:.1%})" if x is not None and e.step.us else "–")
         share_rows.append([rp.row.name] + cells)
     share_note = (
         "Where the step is incomplete, the shares are of its measured rows only."
@@ -207,7 +218,7 @@ def details(pp: PhasePick) -> list[tuple[str, list[str]]]:
             best = c.what_if[0] if c.what_if else None
             if best is not None and (w is None or best.median < w.median):
                 than = f" (pick {us(w.median)})" if w else ""
-                faster.append(f"{v}={b}: {best.name} {us(best.median)}{than}")
+                faster.append(f"{v}={b}: {best.name}{separate_mark(best)} {us(best.median)}{than}")
         lines = [f"no measurement {at(empty)}"] if empty else []
         for (name, status), bs in groups.items():
             word = "no measurement" if status == "missing" else status

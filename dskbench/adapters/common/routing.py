@@ -118,6 +118,24 @@ def grouped_topk(
     return select_experts(scores, masked, top_k, renormalize, routed_scaling_factor)
 
 
+def fuse_shared_experts(
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    num_routed: int,
+    n_shared: int,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's shared experts fusion on a routed top-k: `n_shared` slots appended to every token, id
+    `num_routed` (expert 256 for DeepSeek: the shared expert is loaded after the routed ones) and weight
+    sum(routed weights) / routed_scaling_factor, as sglang 0.5.16 ``biased_grouped_topk_gpu`` pads them
+    (layers/moe/topk.py). The combine's routed_scaling_factor then gives the shared expert weight 1 when
+    the routed weights are renormalised to 1. -> (weights fp32 [T, K + n], ids int32 [T, K + n])."""
+    t = ids.shape[0]
+    shared_ids = torch.full((t, n_shared), num_routed, dtype=ids.dtype, device=ids.device)
+    shared_w = (weights.sum(dim=-1, keepdim=True) / routed_scaling_factor).expand(t, n_shared)
+    return torch.cat([weights, shared_w], dim=1).float(), torch.cat([ids, shared_ids], dim=1)
+
+
 def deepseek_routing(
     num_tokens: int,
     num_experts: int = 256,

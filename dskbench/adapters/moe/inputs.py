@@ -18,7 +18,7 @@ import torch
 
 from dskbench.adapters.common import fp8
 from dskbench.adapters.common.inputs import device_generator, randn, uniform
-from dskbench.adapters.common.routing import Routing, active_experts, deepseek_routing
+from dskbench.adapters.common.routing import Routing, active_experts, deepseek_routing, fuse_shared_experts
 from dskbench.shapes.cases import Case
 
 BF16 = torch.bfloat16
@@ -35,25 +35,40 @@ def topk(case: Case) -> int:
     return int(case.dims["topk"] if "topk" in case.dims else case.dims["K"])
 
 
+def shared(case: Case) -> int:
+    """Shared experts fused into the case's MoE (op experts_fused_shared): the last E and top-k slots."""
+    return int(case.dims.get("shared", 0))
+
+
 def routing(case: Case, device: str, seed: int) -> Routing:
-    """DeepSeek routing of the case's T tokens over its E experts (groups from the model)."""
-    return deepseek_routing(
+    """DeepSeek routing of the case's T tokens over its E experts (groups from the model); with fused
+    shared experts, the first K - s slots route over the E - s routed experts and the last s slots hold
+    the shared one (common.routing.fuse_shared_experts)."""
+    s = shared(case)
+    e = int(case.dims["E"]) - s
+    r = deepseek_routing(
         int(case.dims["T"]),
-        int(case.dims["E"]),
-        topk(case),
+        e,
+        topk(case) - s,
         int(case.model["n_group"]),
         int(case.model["topk_group"]),
         seed=seed,
         device=device,
     )
+    if not s:
+        return r
+    w, ids = fuse_shared_experts(r.topk_weights, r.topk_ids, e, s, float(case.model["routed_scaling_factor"]))
+    return Routing(r.logits, r.bias, ids, w)
 
 
 def n_active(case: Case) -> int:
-    """Experts the seed-0 routing of the case touches: traffic counts their weights."""
-    return active_experts(
+    """Experts the seed-0 routing of the case touches (the fused shared ones always): traffic counts
+    their weights."""
+    s = shared(case)
+    return s + active_experts(
         int(case.dims["T"]),
-        int(case.dims["E"]),
-        topk(case),
+        int(case.dims["E"]) - s,
+        topk(case) - s,
         int(case.model["n_group"]),
         int(case.model["topk_group"]),
     )

@@ -16,7 +16,7 @@ from dskbench.adapters.common import nvfp4 as fp4
 from dskbench.adapters.common.inputs import generator, randn
 from dskbench.adapters.common.nvfp4_adapter import NumericsAdapter, Refs
 from dskbench.adapters.common.nvfp4_inputs import nvfp4_weight, quantized_activation, weight_scale_2
-from dskbench.adapters.common.routing import BIAS_STD, POPULARITY_STD, grouped_topk
+from dskbench.adapters.common.routing import BIAS_STD, POPULARITY_STD, fuse_shared_experts, grouped_topk
 from dskbench.shapes.cases import Case
 
 
@@ -27,19 +27,21 @@ def expected_active_experts(t: int, e: int, k: int) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _routed_experts(t: int, e: int, k: int, n_group: int, topk_group: int) -> int:
-    c = {"T": t, "E": e, "K": k, "n_group": n_group, "topk_group": topk_group}
+def _routed_experts(t: int, e: int, k: int, n_group: int, topk_group: int, s: int, rsf: float) -> int:
+    c = {"T": t, "E": e, "K": k, "S": s, "n_group": n_group, "topk_group": topk_group, "rsf": rsf}
     ids = routing(c, generator(0), "cpu")[2]
     return int(torch.unique(ids.long()).numel())
 
 
 def routed_active_experts(c: dict[str, Any]) -> int:
-    """Distinct experts the seed-0 routing of these inputs (drawn on the CPU) touches: what traffic counts.
+    """Distinct experts the seed-0 routing of these inputs (drawn on the CPU) touches: what traffic counts
+    (a fused shared expert included).
 
     Uneven expert popularity makes the inputs hit fewer experts than uniform routing would, so the
     uniform expectation overstates the bytes (and % of peak); other seeds hit within a few experts of this.
     """
-    return _routed_experts(c["T"], c["E"], c["K"], c["n_group"], c["topk_group"])
+    s = c.get("S", 0)
+    return _routed_experts(c["T"], c["E"], c["K"], c["n_group"], c["topk_group"], s, c["rsf"] if s else 1.0)
 
 
 def expert_weight_bytes(h: int, i: int) -> int:
@@ -53,7 +55,8 @@ def _symbol(case: Case, name: str) -> Any:
 
 
 def moe_config(case: Case) -> dict[str, Any]:
-    """The MoE sizes of a case (T, H, I, E, K) and DeepSeek's routing constants."""
+    """The MoE sizes of a case (T, H, I, E, K; S: fused shared experts, among E and K) and DeepSeek's
+    routing constants."""
     d = case.dims
     return {
         "T": int(d["T"]),
@@ -61,6 +64,7 @@ def moe_config(case: Case) -> dict[str, Any]:
         "I": int(d["I"]),
         "E": int(d["E"]),
         "K": int(d["K"]),
+        "S": int(d.get("shared", 0)),
         "n_group": int(_symbol(case, "n_group")),
         "topk_group": int(_symbol(case, "topk_group")),
         "rsf": float(_symbol(case, "routed_scaling_factor")),
@@ -74,12 +78,17 @@ def routing(
     bf16 (as SGLang hands it to trtllm), and the DeepSeek grouped top-k they give -> (logits, bias, ids
     int32, weights fp32 renormalised, routed_scaling_factor not applied). The popularity and bias spreads
     are the ones every MoE adapter's routing uses (common/routing.py), so the NVFP4 paths and the BF16/FP8
-    paths the pick compares them with see the same load: as many distinct experts at each T."""
-    t, e = c["T"], c["E"]
+    paths the pick compares them with see the same load: as many distinct experts at each T. With S fused
+    shared experts the logits cover the E - S routed experts and the last S slots are the shared expert's
+    (common.routing.fuse_shared_experts)."""
+    s = c.get("S", 0)
+    t, e = c["T"], c["E"] - s
     popularity = randn((e,), gen, device, torch.float32, POPULARITY_STD)
     logits = randn((t, e), gen, device, torch.float32) + popularity
     bias = randn((e,), gen, device, torch.float32, BIAS_STD).to(torch.bfloat16)
-    weights, ids = grouped_topk(logits, bias, c["K"], c["n_group"], c["topk_group"])
+    weights, ids = grouped_topk(logits, bias, c["K"] - s, c["n_group"], c["topk_group"])
+    if s:
+        weights, ids = fuse_shared_experts(weights, ids, e, s, c["rsf"])
     return logits, bias, ids, weights
 
 
