@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument(
+        "--min-time", type=float, help="our sampling floor in seconds (default: MeasureSettings's)"
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -153,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shapes, registry = default_shapes(), load_registry()
     gap = core.calibrate_launch_gap()
-    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    base = core.MeasureSettings()
+    if args.min_time is not None:
+        base = base.with_(min_time_s=args.min_time)
+    settings = core.settings_with_gap(base, {"launch_gap": gap})
     print(f"launch gap: hot {gap.get('hot_us')} us, cold {gap.get('cold_us')} us", file=sys.stderr)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
@@ -223,7 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     from dskbench.results.environment import environment
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"environment": environment(device), "launch_gap": gap, "rows": rows}
+    doc = {
+        "environment": environment(device),
+        "settings": {"min_time_s": base.min_time_s},
+        "launch_gap": gap,
+        "rows": rows,
+    }
     args.out.write_text(json.dumps(doc, indent=1, default=str))
     hdr = f"{'case':58} {'cold':>8} {'cupti':>8} {'d%':>6} | {'hot':>8} {'cupti':>8} {'d%':>6} | {'dbcg':>8} {'dbe':>8}"
     print(hdr)

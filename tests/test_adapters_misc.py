@@ -52,3 +52,18 @@ def test_helpers_name_the_sgl_kernel_functions():
             W.cutlass_mla_workspace_size()
     assert W.WORKSPACE_TARGET == "sgl_kernel.attention:cutlass_mla_get_workspace_size"
     assert M.WEAK_REF_TARGET == "sgl_kernel.memory:weak_ref_tensor"
+
+
+def test_exact_check_compares_in_place_across_integer_dtypes():
+    import torch
+
+    from dskbench.adapters.common.inputs import exact_check
+
+    ref = torch.arange(12, dtype=torch.int64).view(3, 4)
+    assert exact_check((ref.to(torch.int32),), (ref,), ("ids",)).ok  # same values, other dtype
+    out = ref.to(torch.uint8).clone()
+    out[1, 2] = 99
+    chk = exact_check((out,), (ref.to(torch.uint8),), ("rows",))
+    assert not chk.ok and chk.error == 1 / 12 and chk.detail == "rows:1 differ"
+    bad = exact_check((ref[:2],), (ref,), ("ids",))
+    assert not bad.ok and bad.detail == "ids: shape (2, 4) != (3, 4)"

@@ -90,7 +90,7 @@ def test_an_ok_case_says_where_its_time_went(tmp_path, registry):
         inside = ("warmup_s", "prepare_s", "sampling_s")
         assert all(st[k] >= 0 for k in (*before, *inside, "measure_s", "item_s", "other_s")), st
         assert sum(st[k] for k in inside) <= st["measure_s"] + 1e-3
-        assert st["sampling_s"] >= 0.02 * 0.9  # the run's budget is spent sampling
+        assert st["measure_s"] > 0 and st["item_s"] >= st["measure_s"]
         assert abs(sum(st[k] for k in before) + st["measure_s"] + st["other_s"] - st["item_s"]) < 1e-3
 
 
