@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 # kernel, op[:variant], phase, point, backend — chosen to span ~1 µs to ~1 ms
 DEFAULT_CASES = [
     ("rmsnorm", "input_layernorm", "decode", {"T": 1}, "sgl_kernel"),
@@ -156,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shapes, registry = default_shapes(), load_registry()
     gap = core.calibrate_launch_gap()
-    base = core.MeasureSettings()
+    our_settings = core.MeasureSettings()
     if args.min_time is not None:
-        base = base.with_(min_time_s=args.min_time)
-    settings = core.settings_with_gap(base, {"launch_gap": gap})
+        our_settings = our_settings.with_(min_time_s=args.min_time)
+    settings = core.settings_with_gap(our_settings, {"launch_gap": gap})
     print(f"launch gap: hot {gap.get('hot_us')} us, cold {gap.get('cold_us')} us", file=sys.stderr)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "environment": environment(device),
-        "settings": {"min_time_s": base.min_time_s},
+        "settings": {"min_time_s": our_settings.min_time_s},
         "launch_gap": gap,
         "rows": rows,
     }
