@@ -246,7 +246,7 @@ def test_estimate_from_a_plain_plan_and_from_shards():
         "expected: about 7 min to measure 900 cases (the longest of 2"
     )
     assert mainjob.estimate("nothing planned", 0.8) is None
-    assert mainjob.per_case_s() > 0
+    assert 0.1 <= mainjob.per_case_s() <= 0.5  # one GPU measured 0.2-0.3 s a case (results/h100-2026-11-2*)
 
 
 def test_warm_takes_the_run_options_about_what_to_build():

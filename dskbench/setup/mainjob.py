@@ -7,7 +7,7 @@ user's `run` options the JIT warm-up takes too, and the wall time of each stage 
 
 The estimate: with a sharded plan (`--gpus`), the longest shard of the cost model that cuts the shards
 (dskbench/execution/cost.py); otherwise each case costs that model's fixed per-case overhead plus the
-quick sweep's sampling budget. It is a model, not a measurement: JIT builds (done before, by
+quick sweep's typical sampling. It is a model, not a measurement: JIT builds (done before, by
 `dskbench warm`) and a case's input set-up beyond that overhead come on top.
 """
 
@@ -24,11 +24,12 @@ STAGES = {"setup": "set-up", "warm": "JIT warm-up", "measure": "measuring", "rep
 
 
 def per_case_s() -> float:
-    """The simple per-case estimate: the cost model's overhead plus the quick sampling budget."""
-    from dskbench.execution.cost import CASE_OVERHEAD_S
+    """The simple per-case estimate: the cost model's overhead plus the quick sweep's sampling (its budget
+    or the typical sampling time, the smaller)."""
+    from dskbench.execution.cost import CASE_OVERHEAD_S, TYPICAL_SAMPLING_S
     from dskbench.measure.settings import MeasureSettings
 
-    return CASE_OVERHEAD_S + MeasureSettings.quick().max_time_s
+    return CASE_OVERHEAD_S + min(MeasureSettings.quick().max_time_s, TYPICAL_SAMPLING_S)
 
 
 def estimate(dry_run: str, case_s: float) -> str | None:
