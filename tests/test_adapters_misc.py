@@ -67,3 +67,19 @@ def test_exact_check_compares_in_place_across_integer_dtypes():
     assert not chk.ok and chk.error == 1 / 12 and chk.detail == "rows:1 differ"
     bad = exact_check((ref[:2],), (ref,), ("ids",))
     assert not bad.ok and bad.detail == "ids: shape (2, 4) != (3, 4)"
+
+
+def test_randn_draws_a_large_tensor_in_chunks_and_a_small_one_as_before(monkeypatch):
+    import torch
+
+    from dskbench.adapters.common import inputs
+
+    small = inputs.randn((4, 8), inputs.generator(3), "cpu", scale=0.5)
+    g = inputs.device_generator(inputs.generator(3), "cpu")
+    assert torch.equal(small, (torch.randn((4, 8), generator=g) * 0.5).to(torch.bfloat16))  # unchanged
+    monkeypatch.setattr(inputs, "DRAW_CHUNK", 1000)
+    big = inputs.randn((64, 100), inputs.generator(3), "cpu", scale=2.0)  # 7 chunks, the last one short
+    assert big.shape == (64, 100) and big.dtype == torch.bfloat16
+    assert bool((big[-1] != 0).any()) and abs(float(big.float().std()) - 2.0) < 0.1
+    again = inputs.randn((64, 100), inputs.generator(3), "cpu", scale=2.0)
+    assert torch.equal(big, again)  # one seed, one tensor
