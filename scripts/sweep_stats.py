@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from collections import Counter, defaultdict
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,20 +27,7 @@ from dskbench.results.io import read_runs  # noqa: E402
 from dskbench.results.records import Stages  # noqa: E402
 
 JIT_S = 1.0
-STAGES = (  # dskbench.results.records.Stages, in the order a case runs them
-    "resolve_s",
-    "inputs_s",
-    "reference_s",
-    "bind_s",
-    "first_launch_s",
-    "check_s",
-    "warmup_s",
-    "prepare_s",
-    "sampling_s",
-    "measure_s",
-    "other_s",
-    "item_s",
-)
+STAGES = tuple(f.name for f in fields(Stages) if f.name != "extra")  # in the order a case runs them
 
 
 def _created(env: dict[str, Any]) -> float | None:
