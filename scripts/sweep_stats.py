@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dskbench.results.io import read_runs  # noqa: E402
+from dskbench.results.io import ResultsError, read_runs  # noqa: E402
 from dskbench.results.records import Stages  # noqa: E402
 
 JIT_S = 1.0
@@ -125,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=10, help="kernels to list by item time (default 10)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    stats = [run_stats(r) for r in read_runs(args.results)]
+    try:
+        stats = [run_stats(r) for r in read_runs(args.results)]
+    except ResultsError as e:
+        print(f"sweep_stats: {e}", file=sys.stderr)
+        return 2
     for s in stats:
         c = s["counts"]
         print(

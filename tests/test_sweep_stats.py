@@ -105,3 +105,9 @@ def test_stage_breakdown_counts_a_copy_once(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "item time 6.0 s: check 3.0 s (50%), sampling 2.0 s (33%), other 0.5 s (8%)" in out
     assert "k1 (1 cases) 5.0 s" in out and "k2 (" not in out
+
+
+def test_a_missing_file_is_one_line(tmp_path, capsys):
+    assert _load().main([str(tmp_path / "none.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sweep_stats: cannot read ") and "none.jsonl" in err[0]
