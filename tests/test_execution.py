@@ -135,7 +135,7 @@ def test_an_error_raised_while_cleaning_up_is_the_cases_error(monkeypatch):
     def late(device, force=False):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(case_mod, "_free", late)
+    monkeypatch.setattr(case_mod, "free_memory", late)
     fields = case_mod.run_one(item, DeviceInfo("cpu"), _opts(), 1, None)
     assert fields["status"] == "error" and fields["poisoned"]
     assert fields["reason"] == "RuntimeError: CUDA error: an illegal memory access was encountered"

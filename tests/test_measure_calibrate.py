@@ -190,7 +190,10 @@ def test_span_summary_medians() -> None:
 
 def rows(hot: list[float | None], cold: list[float | None], eager_hot: float = 1.0) -> list[dict]:
     out = [{"op": f"op{i}", "mode": "hot", "gap_us": g, "eager_gap_us": eager_hot} for i, g in enumerate(hot)]
-    out += [{"op": f"op{i}", "mode": "cold", "gap_us": g, "eager_gap_us": 3.0} for i, g in enumerate(cold)]
+    out += [
+        {"op": f"op{i}", "mode": "cold", "gap_us": g, "eager_gap_us": 3.0, "batch_gap_us": 0.5 + i / 10}
+        for i, g in enumerate(cold)
+    ]
     return out
 
 
@@ -199,6 +202,7 @@ def test_summarize_gaps_median_over_ops() -> None:
     assert s["hot_us"] == pytest.approx(0.29)  # median of three
     assert s["cold_us"] == pytest.approx(0.37)  # NaN ignored: median of two
     assert s["eager_hot_us"] == 1.0 and s["eager_cold_us"] == 3.0
+    assert s["batch_cold_us"] == pytest.approx(0.6)  # the batched timer's own gap, cold only
     assert s["spread_us"]["hot"] == pytest.approx(0.18)
     assert s["warnings"] == []
 
@@ -216,6 +220,7 @@ def test_gap_settings_keys_bounds_and_clamp() -> None:
     cal = {"hot_us": 0.29, "cold_us": -0.05, "eager_hot_us": 1.0, "eager_cold_us": 12.0}
     assert gap_settings(cal) == {"cold": 0.0}  # clamped; only the cold graph gap is applied
     assert gap_settings({**cal, "cold_us": 0.31}) == {"cold": 0.31}
+    assert gap_settings({**cal, "batch_cold_us": 0.45}) == {"cold": 0.0, "batch_cold": 0.45}
     assert gap_settings({"cold_us": 2.5}) is None  # out of bounds
     assert gap_settings({"hot_us": -0.8, "cold_us": math.nan, "eager_hot_us": None}) is None
     assert gap_settings({"error": "RuntimeError: no CUPTI", "hot_us": 0.3}) is None

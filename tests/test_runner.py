@@ -159,11 +159,11 @@ def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
     monkeypatch.setattr(runner, "_freed", itertools.count(1))
     cpu = DeviceInfo("cpu")
     for _ in range(runner._FREE_EVERY - 1):
-        runner._free(cpu)
+        runner.free_memory(cpu)
     assert calls == []  # an ok case leaves nothing worth a full collection
-    runner._free(cpu)
+    runner.free_memory(cpu)
     assert len(calls) == 1  # ...but every _FREE_EVERY-th item collects anyway
-    runner._free(cpu, force=True)
+    runner.free_memory(cpu, force=True)
     assert len(calls) == 2  # an error or a wrong result always cleans up
 
 

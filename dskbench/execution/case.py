@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,10 +115,11 @@ def prepare_case(
     return base, Prepared(adapter, backend, resolved, case, inputs, launch, traffic, dev, seed)
 
 
-def execute_item(
-    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: dict | None
-) -> dict[str, Any]:
-    """Prepare (gate, resolve, check), then time through the measurement core. Returns record fields."""
+def prepare_item(
+    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int
+) -> tuple[dict[str, Any], Prepared | None]:
+    """A work item's case prepared (gate, resolve, check): its record fields so far, and the Prepared
+    case when it is to be timed (None when the fields already say how it ended)."""
     if opts.host_gpus and opts.host_gpus > device.count:  # a shard's worker sees one GPU of several
         device = dataclasses.replace(device, count=opts.host_gpus)
     case = Case.from_json(item.case)
@@ -125,10 +127,25 @@ def execute_item(
         item.kernel, case, item.backend, device, case_seed(run_seed, case.id, item.backend)
     )
     base["category"] = item.category
+    if prep is not None and opts.warm_only:  # the JIT build happened in the first launch
+        return {**base, "status": "ok"}, None
+    return base, prep
+
+
+def execute_item(
+    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings: dict | None
+) -> dict[str, Any]:
+    """Prepare (gate, resolve, check), then time through the measurement core. Returns record fields."""
+    base, prep = prepare_item(item, device, opts, run_seed)
     if prep is None:
         return base
-    if opts.warm_only:  # the JIT build happened in the first launch; the caches keep it for the sweep
-        return {**base, "status": "ok"}
+    return time_prepared(base, prep, device, opts, ceilings)
+
+
+def time_prepared(
+    base: dict[str, Any], prep: Prepared, device: DeviceInfo, opts: SweepOptions, ceilings: dict | None
+) -> dict[str, Any]:
+    """A prepared case timed alone by the measurement core: its record fields."""
     from dskbench import measure as core
 
     launchers = [prep.launch]
@@ -141,12 +158,26 @@ def execute_item(
         launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
     )
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
+    return measured_fields(base, prep, m, device, opts, ceilings)
+
+
+def measured_fields(
+    base: dict[str, Any],
+    prep: Prepared,
+    m: Any,
+    device: DeviceInfo,
+    opts: SweepOptions,
+    ceilings: dict | None,
+) -> dict[str, Any]:
+    """The record fields of a prepared case and its Measurement (timing, metrics, clocks)."""
+    from dskbench import measure as core
+
     measured = _as_dict(m)
     base["stages"].update(measured.pop("stage_s", None) or {})
     if not measured.get("n_samples") or measured.get("median_us") != measured.get("median_us"):  # none, NaN
         return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
     clocks = Clocks.from_json({k: measured.pop(k) for k in Clocks.KEYS if k in measured})
-    timing = Timing.from_json({**measured, "mode": opts.mode, "input_sets": len(launchers)})
+    timing = Timing.from_json({**measured, "mode": opts.mode, "input_sets": measured.get("n_sets", 1)})
     peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None
     compute = {"int8": "fp8"}.get(prep.traffic.compute, prep.traffic.compute)
     metrics = Metrics.from_json(
@@ -229,21 +260,34 @@ def timed_ceilings() -> dict[str, Any]:
 
 
 def run_one(
-    item: WorkItem, device: DeviceInfo, opts: SweepOptions, run_seed: int, ceilings
-) -> dict[str, Any]:
+    item: WorkItem,
+    device: DeviceInfo,
+    opts: SweepOptions,
+    run_seed: int,
+    ceilings,
+    hold: Callable[[WorkItem, dict[str, Any], Prepared, float], bool] | None = None,
+) -> dict[str, Any] | None:
     """execute_item with every failure turned into an error record (the sweep goes on).
+
+    `hold(item, fields, prepared, seconds so far)`: offered the prepared case before it is timed; when it
+    takes it (True) the case is timed later with others (execution/batching.py) and None is returned.
 
     A CUDA error is often raised late (an asynchronous fault surfaces at the next synchronising call,
     which may be the clean-up): the clean-up is guarded too, and its error becomes the case's reason."""
     t0 = time.perf_counter()
     try:
-        fields = execute_item(item, device, opts, run_seed, ceilings)
-        _free(device, force=fields.get("status") in ("error", "wrong"))
+        fields, prep = prepare_item(item, device, opts, run_seed)
+        if prep is not None:
+            if hold is not None and hold(item, fields, prep, time.perf_counter() - t0):
+                return None
+            fields = time_prepared(fields, prep, device, opts, ceilings)
+        del prep
+        free_memory(device, force=fields.get("status") in ("error", "wrong"))
     except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
         fields = error_fields(item, e)
         if not fields.get("poisoned"):
             try:
-                _free(device, force=True)
+                free_memory(device, force=True)
             except Exception as later:  # noqa: BLE001 - the context broke while cleaning up
                 fields = error_fields(item, later)
         return fields
@@ -278,7 +322,7 @@ _FREE_EVERY = 32  # items between full clean-ups when nothing forces one
 _freed = itertools.count(1)  # items this process has cleaned up after
 
 
-def _free(device: DeviceInfo, force: bool = False) -> None:
+def free_memory(device: DeviceInfo, force: bool = False) -> None:
     """Return what a case left behind. A full gc.collect + empty_cache costs tens of milliseconds a
     case (a few minutes over a full sweep), so it runs after failures, every _FREE_EVERY items, or when
     the caching allocator holds over a third of the GPU; the allocator reuses the rest."""

@@ -66,6 +66,7 @@ class SweepOptions:
     min_time_s: float | None = None  # per-case minimum sampling time override
     stopping: str = "median-ci"  # the stopping policy (dskbench.measure.stopping)
     measure_ceilings: bool = True
+    batch: bool = True  # cold cases sampled together, timed by CUPTI (execution/batching.py)
     dedupe: bool = True  # measure twins once, their records copy it (dskbench.execution.twins)
     gpus: int = (
         1  # >1: shard the items over this many GPUs, one worker process each (dskbench/execution/shard.py)

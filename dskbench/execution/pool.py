@@ -85,9 +85,9 @@ class Pool:
             with self._lock:
                 self._workers.add(worker)
             try:
-                start = 0
-                while start < len(local) and not self.stop.is_set():
-                    start = worker.run(start)
+                todo, solo = list(range(len(local))), set()
+                while todo and not self.stop.is_set():
+                    todo, solo = worker.run(todo, solo)
             finally:
                 with self._lock:
                     self._workers.discard(worker)

@@ -2,8 +2,9 @@
 poisons the CUDA context lost alone (the next worker starts after it).
 
 Protocol. The parent writes the plan as one JSON line on the worker's stdin and keeps stdin open;
-the worker prints ``BEGIN i`` before item i, ``RESULT {json}`` after it, and ``NEXT n`` when it exits
-on purpose (n = len(items) when done, i + 1 after a poisoning error). A worker whose stdin reaches
+the worker prints ``BEGIN i`` before item i, ``RESULT {json}`` when its record is ready, ``HELD i`` when
+the case is prepared and waits to be timed with others, ``TIMING n`` when the n held cases are timed
+together (their RESULTs follow), and ``NEXT n`` when it ends on purpose. A worker whose stdin reaches
 end-of-file exits at once: its parent is gone (killed, even with SIGKILL), and it must not go on
 holding a GPU. Nothing is written to disk for a worker, so nothing is left behind on any exit path.
 """
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from dskbench.execution.items import WorkItem
@@ -161,8 +163,20 @@ def kill_group(pid: int) -> None:
             pass
 
 
+@dataclass
+class Progress:
+    """What the parent knows of a worker's items while it runs."""
+
+    current: int | None = None  # being prepared (or timed alone)
+    held: set[int] = field(default_factory=set)  # prepared, waiting for their batch
+    timing: bool = False  # the held cases are being timed together
+    done: set[int] = field(default_factory=set)  # recorded
+    finished: bool = False  # the worker said NEXT: it ended on purpose
+    timed_out: str | None = None
+
+
 class WorkerProcess:
-    """Runs items[start:] of one plan in a fresh worker; `run` returns where the next must start."""
+    """Runs some items of one plan in a fresh worker; `run` returns what is left to run."""
 
     def __init__(
         self,
@@ -183,9 +197,15 @@ class WorkerProcess:
         if self.proc is not None and self.proc.poll() is None:
             kill_group(self.proc.pid)
 
-    def run(self, start: int) -> int:
-        cmd = [sys.executable, "-m", WORKER_MODULE, str(start)]
+    def run(self, todo: list[int], solo: set[int] | None = None) -> tuple[list[int], set[int]]:
+        """Run the items `todo` (indices) in a fresh worker, those in `solo` timed alone. Returns the
+        items still to run and the solo set for the next worker: after a crash or hang in a case, that
+        case is recorded as an error and dropped; after one while a batch was timed, the batch's cases
+        are run again, each alone, so that the next failure names its own case."""
+        solo = set(solo or ())
+        cmd = [sys.executable, "-m", WORKER_MODULE]
         lines: queue.Queue[str | None] = queue.Queue()
+        plan = {**self.plan, "todo": list(todo), "solo": sorted(solo)}
         with tempfile.TemporaryFile(mode="w+") as err:
             self.proc = proc = subprocess.Popen(
                 cmd,
@@ -201,14 +221,15 @@ class WorkerProcess:
                 _running.add(proc.pid)
             assert proc.stdin is not None and proc.stdout is not None
             try:
-                proc.stdin.write(json.dumps(self.plan, default=str) + "\n")
+                proc.stdin.write(json.dumps(plan, default=str) + "\n")
                 proc.stdin.flush()
             except (BrokenPipeError, OSError):
                 pass  # it died before reading: its exit code and stderr say why
             reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
             reader.start()
+            st = Progress()
             try:
-                outcome = self._follow(proc, lines, start)
+                self._follow(proc, lines, st)
             finally:
                 self.kill()
                 code = proc.wait()
@@ -219,30 +240,40 @@ class WorkerProcess:
                     proc.stdin.close()
                 except OSError:
                     pass
-            current, last_done, next_index, timed_out = outcome
             if self.stop.is_set():
-                return len(self.items)  # interrupted: the caller stops; a killed case is not a result
-            if current is None and next_index is not None:
-                return next_index
-            failed = current if current is not None else last_done + 1
-            if failed >= len(self.items):
-                return failed
-            if current is None and last_done >= start:
-                return failed  # it died between cases, after progress: the next case was never begun
+                return [], solo  # interrupted: the caller stops; a killed case is not a result
+            left = [i for i in todo if i not in st.done]
+            if st.finished or not left:
+                return left, solo
+            if st.current is not None:
+                blamed = st.current
+            elif st.timing:
+                return left, solo | st.held  # the batch's cases again, each alone (solo only grows)
+            elif st.done or code == EXIT_POISONED:
+                blamed = None  # it ended between cases, after progress: the next was never begun
+            else:
+                blamed = left[0]
+            if blamed is None:
+                return left, solo
             err.seek(0)
-            reason = timed_out or death_reason(code, err.read())
-        item = self.items[failed]
+            reason = st.timed_out or death_reason(code, err.read())
+        item = self.items[blamed]
         self.record(item, {**item.identity(), "status": "error", "reason": reason[:2000]})
-        return failed + 1
+        return [i for i in left if i != blamed], solo
 
-    def _follow(self, proc, lines, start):
-        """Read the protocol until the worker ends; kill it when its current case runs past its limit."""
-        current: int | None = None
-        last_done, next_index, timed_out = start - 1, None, None
+    def _follow(self, proc, lines, st: Progress) -> None:
+        """Read the protocol until the worker ends; kill it when its current case (or batch) runs past
+        its limit."""
         first_use: set[tuple[str, str, Any]] = set()
         limit = self.limits.startup_s
         deadline = None if self.limits.off else self.clock() + limit
         builds = BuildWatch(lambda: compiling(running_groups() | {proc.pid}))
+
+        def set_limit(seconds: float) -> None:
+            nonlocal limit, deadline
+            limit = seconds
+            deadline = None if self.limits.off else self.clock() + limit
+
         while True:
             try:
                 line = lines.get(timeout=POLL_S)
@@ -250,37 +281,53 @@ class WorkerProcess:
                 now = self.clock()
                 if self.stop.is_set():
                     self.kill()
-                elif deadline is not None and timed_out is None and now <= deadline:
+                elif deadline is not None and st.timed_out is None and now <= deadline:
                     builds.look(now)
-                elif deadline is not None and timed_out is None:
+                elif deadline is not None and st.timed_out is None:
                     if builds.excused(now, now - deadline):
                         continue  # a JIT build: its time is not the kernel's
-                    timed_out = self._timed_out(current, limit)
-                    print(f"dskbench: {self.label}{timed_out}", file=sys.stderr, flush=True)
+                    st.timed_out = self._timed_out(st, limit)
+                    print(f"dskbench: {self.label}{st.timed_out}", file=sys.stderr, flush=True)
                     self.kill()
                 continue
             if line is None:
-                return current, last_done, next_index, timed_out
+                return
             kind, _, payload = line.rstrip("\n").partition(" ")
             if kind == "BEGIN":
-                current = int(payload)
-                it = self.items[current]
+                st.current = int(payload)
+                it = self.items[st.current]
                 key = (it.kernel, it.backend, it.case.get("variant"))
-                limit = self.limits.for_item(it, key not in first_use)
+                set_limit(self.limits.for_item(it, key not in first_use))
                 first_use.add(key)
-                deadline = None if self.limits.off else self.clock() + limit
+                builds.begin()
+            elif kind == "HELD":
+                st.held.add(int(payload))
+                st.current = None
+                set_limit(self.limits.startup_s)
+            elif kind == "TIMING":
+                st.timing = True
+                held = [self.items[i] for i in sorted(st.held)]
+                set_limit(self.limits.startup_s + sum(self.limits.for_item(it, False) for it in held))
                 builds.begin()
             elif kind == "RESULT":
                 data = json.loads(payload)
-                self.record(self.items[data["index"]], data["fields"])
-                last_done, current = data["index"], None
-                limit = self.limits.startup_s  # clean-up until the next BEGIN
-                deadline = None if self.limits.off else self.clock() + limit
+                index = data["index"]
+                self.record(self.items[index], data["fields"])
+                st.done.add(index)
+                st.held.discard(index)
+                if st.current == index:
+                    st.current = None
+                if st.timing and not st.held:
+                    st.timing = False
+                if st.current is None and not st.timing:
+                    set_limit(self.limits.startup_s)  # clean-up until the next BEGIN
             elif kind == "NEXT":
-                next_index = int(payload)
+                st.finished = True
 
-    def _timed_out(self, current: int | None, limit: float) -> str:
-        if current is None:
+    def _timed_out(self, st: Progress, limit: float) -> str:
+        if st.current is None and st.timing:
+            return f"timed out: a batch of {len(st.held)} cases gave no result within {limit:.0f} s; the worker was killed"
+        if st.current is None:
             return f"timed out: the worker gave no sign of life within {limit:.0f} s and was killed"
         return f"timed out: no result within {limit:.0f} s ({self.limits.describe()}); the worker was killed"
 

@@ -173,6 +173,8 @@ def repro_command(rec: Mapping[str, Any], settings: Mapping[str, Any] | None) ->
         args += ["--flush", settings["flush"]]
     if settings.get("no_multicast"):
         args.append("--no-multicast")
+    if settings.get("batch") is False:
+        args.append("--no-batch")
     seed = settings.get("run_seed", settings.get("seed"))
     if seed is not None:
         args += ["--seed", str(seed)]

@@ -1,8 +1,11 @@
-"""A worker process: runs plan items from a start index, one result line per item (see process.py).
+"""A worker process: runs plan items, one result line per item (see process.py).
 
-Started by the engine, never by hand. It exits early (EXIT_POISONED) after an error that poisons the
-CUDA context, so that the parent starts a clean process for the next item, and at once
-(EXIT_ORPHANED) when its stdin closes: the parent is gone.
+Started by the engine, never by hand. It runs the items its plan lists under `todo` (all of them when
+absent). Cases to be timed cold are held and timed together (execution/batching.py), except those listed
+under `solo`: the parent lists there the cases of a batch whose worker died, so that each is timed alone
+and a crash is pinned on its own case. It exits early (EXIT_POISONED) after an error that poisons the
+CUDA context, so that the parent starts a clean process for what is left, and at once (EXIT_ORPHANED)
+when its stdin closes: the parent is gone.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import os
 import sys
 import threading
+from typing import Any
 
 from dskbench.execution.process import EXIT_ORPHANED, EXIT_POISONED
 
@@ -22,26 +26,78 @@ def _exit_with_parent() -> None:
     os._exit(EXIT_ORPHANED)
 
 
+def say(kind: str, payload: Any) -> None:
+    print(f"{kind} {payload}", flush=True)
+
+
+def result(index: int, fields: dict[str, Any]) -> bool:
+    """Report one item's record fields; True when its error poisoned the CUDA context."""
+    poisoned = fields.pop("poisoned", False)
+    say("RESULT", json.dumps({"index": index, "fields": fields}, default=str))
+    return bool(poisoned)
+
+
 def main(argv: list[str]) -> int:
     plan = json.loads(sys.stdin.readline())
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
-    start = int(argv[0])
     from dskbench.adapters.backends import DeviceInfo
-    from dskbench.execution.case import run_one
+    from dskbench.execution import batching
+    from dskbench.execution.case import free_memory, run_one
     from dskbench.execution.items import SweepOptions, WorkItem
 
     items = [WorkItem(**i) for i in plan["items"]]
+    todo = plan.get("todo")
+    if todo is None:
+        todo = list(range(int(argv[0]) if argv else 0, len(items)))
+    solo = set(plan.get("solo") or ())
     opts = SweepOptions.from_json(plan["opts"])
     device = DeviceInfo.detect(opts.device)
-    for item in items[start:]:
-        print(f"BEGIN {item.index}", flush=True)
-        fields = run_one(item, device, opts, plan["run_seed"], plan["ceilings"])
-        poisoned = fields.pop("poisoned", False)
-        print("RESULT " + json.dumps({"index": item.index, "fields": fields}, default=str), flush=True)
-        if poisoned:
-            print(f"NEXT {item.index + 1}", flush=True)
-            return EXIT_POISONED
-    print(f"NEXT {len(items)}", flush=True)
+    ceilings = plan["ceilings"]
+    batcher: batching.Batcher | None = None
+    asked = False
+    poisoned = False
+
+    def offer(item: WorkItem, base: dict[str, Any], prep: Any, seconds: float) -> bool:
+        """Hold a prepared case for a batch (decided at the first case: the adapters are loaded then)."""
+        nonlocal batcher, asked
+        if not asked:
+            asked = True
+            if batching.enabled(device, opts):
+                batcher = batching.Batcher(device, opts, ceilings)
+        return batcher is not None and batcher.offer(item, base, prep, seconds)
+
+    def emit(item: WorkItem, fields: dict[str, Any]) -> None:
+        nonlocal poisoned
+        poisoned = result(item.index, fields) or poisoned
+
+    def time_held() -> bool:
+        """Time the held cases; False when the CUDA context broke under them (the worker must exit)."""
+        if batcher is None or not batcher.held:
+            return True
+        say("TIMING", len(batcher.held))
+        try:
+            batcher.time_all(emit)
+            free_memory(device, force=True)
+        except Exception as e:  # noqa: BLE001 - only a poisoning error gets here
+            print(f"dskbench worker: a batch broke the CUDA context: {e}", file=sys.stderr, flush=True)
+            return False
+        return not poisoned
+
+    for idx in todo:
+        item = items[idx]
+        say("BEGIN", idx)
+        hold = None if idx in solo else offer
+        fields = run_one(item, device, opts, plan["run_seed"], ceilings, hold=hold)
+        if fields is None:
+            say("HELD", idx)
+            if batcher is not None and batcher.full() and not time_held():
+                return EXIT_POISONED
+            continue
+        if result(idx, fields):
+            return EXIT_POISONED  # the held cases are re-run by the next worker
+    if not time_held():
+        return EXIT_POISONED
+    say("NEXT", len(items))
     return 0
 
 

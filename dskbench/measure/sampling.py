@@ -16,7 +16,11 @@ from dskbench.measure.stats import quantile, round_sig, summarize
 from dskbench.measure.stopping import Stopper, stopper_for
 
 MODES = ("cold", "hot")
-GAP_KEYS = {"cuda-graph": "{mode}", "cuda-eager": "eager_{mode}"}  # MeasureSettings.launch_gap_us keys
+GAP_KEYS = {
+    "cuda-graph": "{mode}",
+    "cuda-eager": "eager_{mode}",
+    "cupti-graph": "batch_{mode}",
+}  # MeasureSettings.launch_gap_us keys
 
 
 class CaptureFailed(RuntimeError):

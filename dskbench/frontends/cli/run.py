@@ -47,6 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="how cold mode flushes L2: zero_ a 2xL2 buffer (default) or read it (experiment)",
     )
     run.add_argument(
+        "--no-batch",
+        action="store_true",
+        help="time every cold case alone with the event timer (default: cases are sampled in batches, "
+        "timed by CUPTI, where the profiler works)",
+    )
+    run.add_argument(
         "--no-dedupe",
         action="store_true",
         help="measure every op's case, also where another op has the same kernel, backend and shape",
@@ -137,6 +143,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         flush=args.flush,
         stopping=args.stopping,
         dedupe=not args.no_dedupe,
+        batch=not args.no_batch,
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),

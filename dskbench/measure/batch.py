@@ -1,0 +1,286 @@
+"""Batched cold timing ("cupti-graph"): many cases sampled by one stream of graph replays, each case's
+time read from CUPTI's activity records.
+
+Why: a case timed alone pays for its own calibration, two graphs (launches with flushes, flushes alone)
+and at least one or two 20 ms batches before its stopping rule may look at it; most of a sweep's
+measuring time went there. Here every case gets one graph of [flush, launch], and a round replays the
+graphs of the batch's cases one after another; CUPTI gives each kernel's start and end on the device, so
+a case's sample is its own span (batch_spans.py) and the flush is left out by construction rather than
+subtracted. A round samples each case still sampling once; rounds repeat until each case's stopping rule
+is met. The flush is in the same graph as the launch, right before it, as in the per-case timer, so a
+case sees the same cold L2. A sample is one launch (the per-case timer averages many), so a case takes
+at least MIN_SAMPLE_US of samples, and never fewer than the settings' minimum.
+
+Used for cold mode with the write flush when the profiler (CUPTI through torch.profiler) works; a case
+whose graph cannot be captured, and every case when CUPTI is missing, is timed by the per-case timers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from dskbench.measure import nvml
+from dskbench.measure.batch_spans import MARKER, ChunkMismatch, per_case, split_groups
+from dskbench.measure.cuda import ClockReader
+from dskbench.measure.cuda_timer import l2_bytes
+from dskbench.measure.sampling import assemble, gap_for, make_stopper, subtract_gap
+from dskbench.measure.settings import Measurement, MeasureSettings
+
+METHOD = "cupti-graph"
+MAX_MIN_SAMPLES = 64  # ...for short kernels, where one launch is a noisy sample
+MIN_SAMPLE_US = 2000.0  # device time of a case's first samples (its flushes included)
+CHUNK_TARGET_US = 100_000.0  # device time of the rounds under one profiler session
+MAX_ROUNDS = 2048
+GROWTH = 1.3  # a case short of its noise target asks for this much more than the 1/sqrt(n) law says
+MAX_CHUNK_RETRIES = 2  # chunks whose markers did not add up, before the batch gives up
+
+_cupti_ok: bool | None = None
+
+
+def cupti_available() -> bool:
+    """Whether torch.profiler records CUDA kernel activities here (checked once per process)."""
+    global _cupti_ok
+    if _cupti_ok is None:
+        try:
+            buf = torch.zeros(16, dtype=torch.complex64, device="cuda")
+            acts = _profile(buf.zero_)
+            _cupti_ok = any(MARKER in a[0] for a in acts)
+        except Exception:  # noqa: BLE001 - no kineto/CUPTI: the per-case timers serve
+            _cupti_ok = False
+    return _cupti_ok
+
+
+def _profile(queue: Callable[[], None]) -> list[tuple[str, int, int]]:
+    """Device activities (name, start_ns, end_ns) of what `queue` launches, from one profiler session."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        queue()
+        torch.cuda.synchronize()
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == DeviceType.CUDA:
+            start = int(e.start_ns())
+            out.append((e.name(), start, start + int(e.duration_ns())))
+    return out
+
+
+_flush: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def flush_buffer(index: int, nbytes: int) -> torch.Tensor:
+    """The flush's buffer: complex64, so that its fill kernel is one no benchmarked kernel launches and
+    marks where each case begins (batch_spans.MARKER). Allocated once per device and size."""
+    buf = _flush.get((index, nbytes))
+    if buf is None:
+        _flush.clear()
+        buf = torch.ones(max(1, nbytes // 8), dtype=torch.complex64, device=f"cuda:{index}")
+        _flush[(index, nbytes)] = buf
+    return buf
+
+
+def _capture(launch: Callable[[], Any], flush: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """One graph: flush, launch. Raises on a launch that cannot be captured."""
+    g = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            flush()
+            launch()
+    except Exception:
+        torch.cuda.set_stream(stream)  # graph.__exit__ skips this when capture_end raises
+        torch.cuda.synchronize()
+        raise
+    return g
+
+
+class _Case:
+    """One case of a batch: its graphs (one per input set), stopper and GPU time used so far."""
+
+    def __init__(self, graphs: list[torch.cuda.CUDAGraph]) -> None:
+        self.graphs = graphs
+        self.gpu_s = 0.0  # its spans and flushes: the clock its budget is read on
+        self.stopper: Any = None
+        self.flushes: list[float] = []
+        self.raw: list[float] = []  # spans before the calibrated gap is subtracted
+        self.done = False
+        self.empty = 0  # chunks that gave it no sample
+        self.est_us = 0.0  # one [flush, launch] replay, for sizing chunks
+        self.quota = 0  # rounds it takes part in, in the next chunk
+        self.launched = 0  # replays so far (input sets are taken round robin)
+
+    def start(self, settings: MeasureSettings) -> None:
+        """Its stopper, once its replay time is known: at least MIN_SAMPLE_US of samples."""
+        floor = min(MAX_MIN_SAMPLES, math.ceil(MIN_SAMPLE_US / self.est_us))
+        s = settings.with_(min_samples=max(settings.min_samples, floor), min_time_s=0.0)
+        self.stopper = make_stopper(s, now=lambda: self.gpu_s)
+        self.quota = self.stopper.min_samples
+
+    def next_quota(self, max_samples: int) -> int:
+        """Samples to ask for next: what the noise law says the target needs, at least a tenth more."""
+        st = self.stopper
+        n = len(st.samples)
+        if n == 0:
+            return st.min_samples
+        ratio = st.noise / st.target_noise if math.isfinite(st.noise) else 2.0
+        want = math.ceil(n * max(ratio**2 * GROWTH, 1.1)) - n
+        return max(8, min(want, max_samples - n, 4 * n))
+
+
+def measure_batch(
+    entries: Sequence[Sequence[Callable[[], Any]]], *, device: str, settings: MeasureSettings
+) -> list[Measurement | str]:
+    """Time each entry (its launchers: one per input set) cold, all in one stream of rounds.
+
+    Returns, per entry, its Measurement or a one-line reason it was not timed here (its graph could
+    not be captured): the caller times those with the per-case timer."""
+    t_start = time.perf_counter()
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    out: list[Measurement | str] = ["not timed"] * len(entries)
+    with torch.cuda.device(index):
+        clocks_before = nvml.read_clocks(index)
+        flush_bytes = settings.flush_bytes or 2 * l2_bytes(index)
+        buf = flush_buffer(index, flush_bytes)
+
+        def flush() -> None:
+            buf.zero_()
+
+        t_warm = time.perf_counter()
+        for fns in entries:  # lazy loading, handles, workspaces: off the capture
+            for f in fns:
+                f()
+        torch.cuda.synchronize()
+        t_capture = time.perf_counter()
+        cases: dict[int, _Case] = {}
+        for i, fns in enumerate(entries):
+            try:
+                cases[i] = _Case([_capture(f, flush) for f in fns])
+            except Exception as e:  # noqa: BLE001 - timed alone by the caller
+                out[i] = f"graph capture failed: {type(e).__name__}: {e}"[:500]
+        _estimate(cases)
+        for c in cases.values():
+            c.start(settings)
+        t_sampling = time.perf_counter()
+        clocks = ClockReader(index)
+        notes: list[str] = []
+        gap = gap_for(settings, METHOD, "cold")
+        if gap is None and settings.launch_gap_us:
+            notes.append(f"no launch gap calibrated for {METHOD}: samples not corrected")
+        _sample(cases, clocks, settings, notes, gap)
+        t_done = time.perf_counter()
+        torch.cuda.synchronize()
+        clocks_after = nvml.read_clocks(index)
+    throttled, reasons, during = nvml.judge(clocks.reads)
+    n = max(len(cases), 1)
+    shares = {
+        "warmup_s": (t_capture - t_warm) / n,
+        "prepare_s": (t_sampling - t_capture) / n,
+        "sampling_s": (t_done - t_sampling) / n,
+    }
+    for i, c in cases.items():
+        if not c.stopper.samples:
+            out[i] = "CUPTI gave no samples of it"
+            continue
+        flush_us = sorted(c.flushes)[len(c.flushes) // 2] if c.flushes else None
+        m = assemble(
+            c.stopper,
+            method=METHOD,
+            mode="cold",
+            device=f"cuda:{index}",
+            n_sets=len(c.graphs),
+            launches_per_sample=1,
+            wall_s=(time.perf_counter() - t_start) / n,
+            flush_us=flush_us,
+            flush_bytes=flush_bytes,
+            flush_kind="write",
+            clocks_before=clocks_before,
+            clocks_after=clocks_after,
+            clocks_during=during,
+            throttled=throttled,
+            throttle_reasons=reasons,
+            notes=[*notes, f"sampled in a batch of {len(cases)} cases"],
+            launch_gap_us=gap,
+            raw_samples=c.raw[: len(c.stopper.samples)],
+            stage_s=shares,
+        )
+        out[i] = m
+        for g in c.graphs:
+            g.reset()
+    return out
+
+
+def _estimate(cases: dict[int, _Case]) -> None:
+    """Upload every graph (its first replay) and time one replay of each with events."""
+    for c in cases.values():
+        for g in c.graphs:
+            g.replay()
+    torch.cuda.synchronize()
+    for c in cases.values():
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        c.graphs[0].replay()
+        b.record()
+        b.synchronize()
+        c.est_us = max(a.elapsed_time(b) * 1000.0, 1.0)
+
+
+def _sample(
+    cases: dict[int, _Case],
+    clocks: ClockReader,
+    settings: MeasureSettings,
+    notes: list[str],
+    gap: float | None,
+) -> None:
+    """Chunks of rounds until every case's stopper has stopped (or the chunks stop adding up). In a chunk
+    each case takes part in its first `quota` rounds; the chunk ends at CHUNK_TARGET_US of device time."""
+    misses = 0
+    while True:
+        active = [c for c in cases.values() if not c.done]
+        if not active:
+            return
+        order: list[int] = []
+        budget, rounds = CHUNK_TARGET_US, 0
+        while rounds < MAX_ROUNDS and budget > 0:
+            step = [k for k, c in enumerate(active) if rounds < c.quota]
+            if not step:
+                break
+            order += step
+            budget -= sum(active[k].est_us for k in step)
+            rounds += 1
+
+        def queue(order=order, active=active) -> None:
+            for k in order:
+                c = active[k]
+                c.graphs[c.launched % len(c.graphs)].replay()
+                c.launched += 1
+            clocks()
+
+        acts = _profile(queue)
+        clocks()
+        try:
+            spans = per_case(split_groups(acts, len(order)), order, len(active))
+        except ChunkMismatch as e:
+            misses += 1
+            if misses > MAX_CHUNK_RETRIES:
+                notes.append(f"CUPTI activities did not add up ({e}): sampling stopped")
+                for c in active:
+                    c.done = True
+                return
+            continue
+        for c, mine in zip(active, spans, strict=True):
+            c.gpu_s += sum(g.span_ns + g.flush_ns for g in mine) * 1e-9
+            c.flushes.extend(g.flush_us for g in mine)
+            c.empty = 0 if mine else c.empty + 1
+            spans_us = [g.span_us for g in mine]
+            c.raw.extend(spans_us)
+            c.done = c.stopper.add(subtract_gap(spans_us, gap)) or c.empty >= 2
+            c.quota = 0 if c.done else c.next_quota(settings.max_samples)
+        if settings.cooldown > 0:
+            time.sleep(settings.cooldown * (CHUNK_TARGET_US - budget) * 1e-6)

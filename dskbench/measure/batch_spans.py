@@ -1,0 +1,80 @@
+"""Reading a batched replay's CUPTI activities back as one span per case (pure: tested without a GPU).
+
+A batched round replays, for each case in turn, one graph of [flush, launch]: the flush empties L2 and,
+being a kernel no benchmarked kernel launches (a fill of a complex64 buffer), also says where the case
+begins. In time order the device activities of a chunk therefore read: flush, the case's activities,
+flush, the next case's, ... A case's span runs from the start of its first activity after its flush to
+the end of its last one before the next flush; the flush itself is never part of it, so no flush time is
+subtracted from anything. A chunk whose flush count differs from the groups queued is not trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+MARKER = "FillFunctor<c10::complex<float>"  # the flush's kernel: zero_ of a complex64 buffer
+# Device activities that are the profiler's own, never a kernel's
+PROFILER_NAMES = ("Activity Buffer", "Buffer Request", "cudaProfiler")
+
+Activity = tuple[str, int, int]  # (name, start_ns, end_ns) of one device activity
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """One case's launch in one round, as CUPTI saw it."""
+
+    span_ns: int  # first activity's start to last activity's end
+    activities: int
+    flush_ns: int  # the flush before it (its own activity)
+
+    @property
+    def span_us(self) -> float:
+        return self.span_ns / 1000.0
+
+    @property
+    def flush_us(self) -> float:
+        return self.flush_ns / 1000.0
+
+
+class ChunkMismatch(ValueError):
+    """The activities do not split into the expected groups (markers missing or extra)."""
+
+
+def device_activities(acts: Iterable[Activity]) -> list[Activity]:
+    """The kernels, copies and sets of a profile in start order, without the profiler's own."""
+    out = [a for a in acts if not any(p in a[0] for p in PROFILER_NAMES)]
+    out.sort(key=lambda a: (a[1], a[2]))
+    return out
+
+
+def split_groups(acts: Sequence[Activity], n_groups: int) -> list[GroupSpan | None]:
+    """The span of each of `n_groups` [flush, launch] groups, in order; None for a group with no activity
+    of its own. Raises ChunkMismatch when the flushes do not number `n_groups`."""
+    acts = device_activities(acts)
+    marks = [i for i, a in enumerate(acts) if MARKER in a[0]]
+    if len(marks) != n_groups:
+        raise ChunkMismatch(f"{len(marks)} flushes for {n_groups} groups")
+    out: list[GroupSpan | None] = []
+    for k, m in enumerate(marks):
+        flush = acts[m]
+        end = marks[k + 1] if k + 1 < len(marks) else len(acts)  # the next group's flush ends it
+        own = acts[m + 1 : end]
+        if not own:
+            out.append(None)
+            continue
+        first = min(a[1] for a in own)
+        last = max(a[2] for a in own)
+        out.append(GroupSpan(last - first, len(own), flush[2] - flush[1]))
+    return out
+
+
+def per_case(groups: Sequence[GroupSpan | None], order: Sequence[int], n_cases: int) -> list[list[GroupSpan]]:
+    """The groups regrouped per case: `order[i]` is the case that queued group i. Empty groups dropped."""
+    if len(groups) != len(order):
+        raise ChunkMismatch(f"{len(groups)} groups for {len(order)} launches queued")
+    out: list[list[GroupSpan]] = [[] for _ in range(n_cases)]
+    for case, g in zip(order, groups, strict=True):
+        if g is not None:
+            out[case].append(g)
+    return out
