@@ -109,6 +109,7 @@ class _Case:
         self.stopper: Any = None
         self.flushes: list[float] = []
         self.raw: list[float] = []  # spans before the calibrated gap is subtracted
+        self.early = 0  # samples whose kernel started before the flush ended (clipped)
         self.done = False
         self.empty = 0  # chunks that gave it no sample
         self.est_us = 0.0  # one [flush, launch] replay, for sizing chunks
@@ -205,7 +206,7 @@ def measure_batch(
             clocks_during=during,
             throttled=throttled,
             throttle_reasons=reasons,
-            notes=[*notes, f"sampled in a batch of {len(cases)} cases"],
+            notes=[*notes, f"sampled in a batch of {len(cases)} cases", *_early_note(c)],
             launch_gap_us=gap,
             raw_samples=c.raw[: len(c.stopper.samples)],
             stage_s=shares,
@@ -214,6 +215,14 @@ def measure_batch(
         for g in c.graphs:
             g.reset()
     return out
+
+
+def _early_note(c: _Case) -> list[str]:
+    if not c.early:
+        return []
+    return [
+        f"{c.early} samples started before the flush ended (programmatic dependent launch): counted from its end"
+    ]
 
 
 def _estimate(cases: dict[int, _Case]) -> None:
@@ -279,6 +288,7 @@ def _sample(
             c.flushes.extend(g.flush_us for g in mine)
             c.empty = 0 if mine else c.empty + 1
             spans_us = [g.span_us for g in mine]
+            c.early += sum(1 for g in mine if g.early_ns > 0)
             c.raw.extend(spans_us)
             c.done = c.stopper.add(subtract_gap(spans_us, gap)) or c.empty >= 2
             c.quota = 0 if c.done else c.next_quota(settings.max_samples)

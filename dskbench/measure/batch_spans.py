@@ -24,9 +24,10 @@ Activity = tuple[str, int, int]  # (name, start_ns, end_ns) of one device activi
 class GroupSpan:
     """One case's launch in one round, as CUPTI saw it."""
 
-    span_ns: int  # first activity's start to last activity's end
+    span_ns: int  # first activity's start (not before the flush's end) to last activity's end
     activities: int
     flush_ns: int  # the flush before it (its own activity)
+    early_ns: int = 0  # how long its first activity had started before the flush ended
 
     @property
     def span_us(self) -> float:
@@ -63,9 +64,12 @@ def split_groups(acts: Sequence[Activity], n_groups: int) -> list[GroupSpan | No
         if not own:
             out.append(None)
             continue
+        # A kernel launched with programmatic dependent launch may start (and wait) before the flush
+        # ends; stream order starts its work at the flush's end, so that is where its span begins.
         first = min(a[1] for a in own)
+        start = max(first, flush[2])
         last = max(a[2] for a in own)
-        out.append(GroupSpan(last - first, len(own), flush[2] - flush[1]))
+        out.append(GroupSpan(max(0, last - start), len(own), flush[2] - flush[1], start - first))
     return out
 
 
