@@ -58,22 +58,22 @@ def problems(timing: Any) -> list[str]:
     out = []
     median = _get(timing, "median_us")
     if not (_number(median) and math.isfinite(median)):
-        out.append(f"median {median!r} is not a finite number")
+        out.append(f"median {median!r} (not a finite number)")
     elif median <= 0:
-        out.append(f"median {median:g} us (a kernel takes time)")
+        out.append(f"median {median:g} us")
     for name in ("p10_us", "p90_us"):
         v = _get(timing, name)
         if _number(v) and not math.isfinite(v):
             out.append(f"{name[:-3]} {v}")
         elif _number(v) and v < 0:
-            out.append(f"{name[:-3]} {v:g} us (negative)")
+            out.append(f"{name[:-3]} {v:g} us")
     raw = _get(timing, "raw_median_us")
     if _number(raw) and raw < RAW_MEDIAN_FLOOR_US:
-        out.append(f"raw median {raw:.3g} us before the launch gap was subtracted")
+        out.append(f"raw median {raw:.3g} us")  # before the launch gap was subtracted
     n = _get(timing, "n_samples")
     clamped = clamped_count(timing)
     if clamped and _number(n) and n > 0 and clamped >= MAX_CLAMPED_FRACTION * n:
-        out.append(f"{clamped} of {int(n)} samples shorter than the launch gap (clamped at 0)")
+        out.append(f"{clamped} of {int(n)} samples clamped at 0")  # shorter than the launch gap
     noise = _get(timing, "noise")
     # With fewer than CI_MIN_SAMPLES samples (a slow case the budget cut short) the noise is inf by
     # definition; with more, inf or NaN means the median's interval could not be taken of the samples.
