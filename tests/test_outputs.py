@@ -119,7 +119,8 @@ def test_all_ok_exits_0_with_a_table_and_plain_progress_lines(tmp_path, fakes, c
     assert rc == cli.EXIT_OK
     stdout, stderr = capsys.readouterr()
     lines = stdout.splitlines()
-    assert lines[0].split() == ["kernel", "backend", "ok", "wrong", "skipped", "error", "unstable", "median", "us"]
+    head = ["kernel", "backend", "ok", "wrong", "skipped", "error", "unstable", "median", "us"]
+    assert lines[0].split() == head
     assert lines[1].split()[:7] == ["fake_ok", "fake", str(2 * N), "0", "0", "0", "0"]
     assert lines[-1].startswith(f"{2 * N} cases: ok {2 * N}, wrong 0")
     # off a terminal (stderr is captured): one line per case, no bar redrawn, a count and an ETA
