@@ -206,10 +206,12 @@ def test_drive_and_assemble_report_corrected_and_raw() -> None:
     assert m.p10_us < m.median_us < m.p90_us
     assert m.samples_us == pytest.approx(st.samples)
     assert any("2 samples shorter than the launch gap" in n for n in m.notes)
+    assert m.clamped == 2  # the count as a field too: the validity rule reads it
     assert Measurement(**m.to_dict()) == m
     plain = assemble(st, method="cuda-graph", mode="hot", device="cuda:0", n_sets=1, launches_per_sample=4,
                      wall_s=0.1)  # fmt: skip
     assert plain.raw_median_us is None and plain.launch_gap_us is None and plain.notes == []
+    assert plain.clamped is None  # no gap subtracted: nothing clamped, nothing to count
 
 
 def test_cpu_measurement_splits_warm_up_from_sampling() -> None:

@@ -119,8 +119,9 @@ def test_all_ok_exits_0_with_a_table_and_plain_progress_lines(tmp_path, fakes, c
     assert rc == cli.EXIT_OK
     stdout, stderr = capsys.readouterr()
     lines = stdout.splitlines()
-    assert lines[0].split() == ["kernel", "backend", "ok", "wrong", "skipped", "error", "median", "us"]
-    assert lines[1].split()[:6] == ["fake_ok", "fake", str(2 * N), "0", "0", "0"]
+    head = ["kernel", "backend", "ok", "wrong", "skipped", "error", "unstable", "median", "us"]
+    assert lines[0].split() == head
+    assert lines[1].split()[:7] == ["fake_ok", "fake", str(2 * N), "0", "0", "0", "0"]
     assert lines[-1].startswith(f"{2 * N} cases: ok {2 * N}, wrong 0")
     # off a terminal (stderr is captured): one line per case, no bar redrawn, a count and an ETA
     progress = [line for line in stderr.splitlines() if line.startswith("[")]
@@ -134,7 +135,7 @@ def test_a_wrong_case_exits_1(tmp_path, fakes, capsys):
     assert rc == cli.EXIT_FAIL
     stdout, stderr = capsys.readouterr()
     row = next(line for line in stdout.splitlines() if line.startswith("fake_wrong"))
-    assert row.split() == ["fake_wrong", "fake", "0", str(N), "0", "0", "-"]
+    assert row.split() == ["fake_wrong", "fake", "0", str(N), "0", "0", "0", "-"]
     wrong = [line for line in stderr.splitlines() if "fake_wrong/" in line]
     assert len(wrong) == N and all("] wrong " in w and "(relative error" in w for w in wrong)
 

@@ -53,6 +53,7 @@ VERDICT_ORDER = (
     "~slower",
     "now skipped",
     "missing",
+    "invalid",
     "still failing",
     "now failing",
     "fixed",

@@ -173,7 +173,10 @@ def settings_of(env: Mapping[str, Any]) -> Settings:
 
 
 def stat_from_record(rec: Mapping[str, Any], commit: str = "") -> Stat:
-    t = part_of(rec, "timing") or Timing(median_us=None)  # not timed: every figure unknown
+    """The record as a comparison's side. Only an ok record has numbers: an unstable one's timing is
+    impossible (dskbench.measure.validity), so it is a status with its reason, like wrong or error."""
+    timed = part_of(rec, "timing") if rec["status"] == "ok" else None
+    t = timed or Timing(median_us=None)  # not timed, or not validly: every figure unknown
     clocks = part_of(rec, "clocks")
     gap = t.launch_gap_us if t.raw_median_us is not None else None
     return Stat(

@@ -101,7 +101,7 @@ def missing_label(row: RowSpec, cell: Cell) -> str:
         for o in cell.missing
         if not o.path.what_if
         for pr in o.parts
-        if pr.status == "missing" and pr.part.op not in row.ops
+        if pr.status in ("missing", "invalid") and pr.part.op not in row.ops
     )
     return f"{row.name} (no {', '.join(ops)} measured)" if ops else row.name
 

@@ -12,13 +12,13 @@ from dskbench.analysis.pick_data import Part, PathSpec
 from dskbench.analysis.pick_index import REFERENCE, Measured, ResultIndex
 from dskbench.analysis.verdict import Stat, judge
 
-FAIL_ORDER = ("wrong", "error", "skipped", "missing")
+FAIL_ORDER = ("wrong", "error", "skipped", "invalid", "missing")
 
 
 @dataclass(frozen=True)
 class PartResult:
     part: Part
-    status: str  # ok | wrong | error | skipped | missing
+    status: str  # ok | wrong | error | skipped | invalid (only unstable records: none valid) | missing
     chosen: Measured | None = None  # the fastest correct record (ok)
     reason: str = ""
 
@@ -81,6 +81,9 @@ def eval_part(idx: ResultIndex, part: Part, batch: int, kv: int | None) -> PartR
         hits = [m for m in bad if m.status == status]
         if hits:
             return PartResult(part, status, reason=_reasons(hits))
+    invalid = [m for m in bad if m.status == "unstable"]  # an impossible timing is no measurement
+    if invalid:
+        return PartResult(part, "invalid", reason=_reasons(invalid))
     planned = [f"{k}: {idx.plan_skips[k]}" for k in part.kernels if k in idx.plan_skips]
     if planned:
         return PartResult(part, "skipped", reason="; ".join(planned))
@@ -114,7 +117,7 @@ class Cell:
     what_if: list[Outcome] = field(default_factory=list)  # ok what-if candidates, fastest first
     excluded: list[Outcome] = field(default_factory=list)  # wrong / error
     skipped: list[Outcome] = field(default_factory=list)
-    missing: list[Outcome] = field(default_factory=list)
+    missing: list[Outcome] = field(default_factory=list)  # no measurement, or no valid one (invalid)
     tie: bool = False
     how: str = ""
 

@@ -18,7 +18,9 @@ The verdict is ``slower`` only when all of these hold:
 Mirrored for ``faster``. Beyond the threshold but failing 2 or 3 is ``~slower``/``~faster``, never a
 failure. Status changes: ok -> wrong/error is ``broke`` (a regression), the reverse ``fixed``;
 ok -> skipped ``now skipped``, skipped -> wrong/error ``now failing``, skipped -> ok ``now measured``
-(shown, not failing: a skip is decided by the machine or the install).
+(shown, not failing: a skip is decided by the machine or the install). A side whose timing is
+impossible (status ``unstable``, dskbench.measure.validity) is ``invalid``: not comparable, listed
+with its reason, never a regression or an improvement.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Stat:
     (gap included) median and p10 in ``runs``: their spread is that case's own run-to-run noise.
     """
 
-    status: str = "ok"  # ok | wrong | skipped | error
+    status: str = "ok"  # ok | wrong | skipped | error | unstable (no numbers then)
     value: float | None = None  # median
     lo: float | None = None
     hi: float | None = None
@@ -176,6 +178,10 @@ def judge(
 
 
 def _status_verdict(old: Stat, new: Stat) -> Verdict | None:
+    invalid = [(side, s) for side, s in (("old", old), ("new", new)) if s.status == "unstable"]
+    if invalid:  # an impossible timing is no number to compare: neither a regression nor a fix
+        side, s = invalid[-1]
+        return Verdict("invalid", note=f"{side}: {s.reason}"[:200])
     failing = ("wrong", "error")
     if old.status == "ok" and new.status in failing:
         return Verdict("broke", note=f"{new.status}: {new.reason}"[:200])

@@ -25,6 +25,11 @@ from dskbench.execution.case import (
 )
 from dskbench.execution.items import SweepOptions, WorkItem
 
+
+def _as_dict(m: Any) -> dict[str, Any]:
+    return m.to_dict() if hasattr(m, "to_dict") else dict(m)
+
+
 BATCH_CASES = 48  # cases timed together at most
 MEMORY_SHARE = 0.35  # hold cases while the allocator holds less than this share of the GPU
 
@@ -102,7 +107,11 @@ class Batcher:
                 raise
             got = [f"batch failed: {type(e).__name__}: {e}"[:300]] * len(held)
         share = (time.perf_counter() - t0) / len(held)
+        from dskbench.measure.validity import problem
+
         for h, m in zip(held, got, strict=True):
+            if not isinstance(m, str) and (why := problem(_as_dict(m))):  # timed again, alone
+                m = f"the batch's measurement was impossible ({why})"
             t_case = time.perf_counter()
             try:
                 if isinstance(m, str):

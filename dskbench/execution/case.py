@@ -154,11 +154,21 @@ def time_prepared(
     settings = core.settings_with_gap(measure_settings(opts), ceilings)
     mode = "hot" if opts.mode == "rotate" else opts.mode  # rotate: no flush, the sets overflow L2
     t0 = time.perf_counter()
-    m = core.measure(
-        launchers, device=prep.device, mode=mode, capturable=prep.backend.capturable, settings=settings
-    )
+
+    def measure_once() -> dict[str, Any]:
+        return _as_dict(
+            core.measure(
+                launchers,
+                device=prep.device,
+                mode=mode,
+                capturable=prep.backend.capturable,
+                settings=settings,
+            )
+        )
+
+    measured, why = measure_valid(measure_once)
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
-    return measured_fields(base, prep, m, device, opts, ceilings)
+    return measured_fields(base, prep, measured, device, opts, ceilings, why)
 
 
 def measured_fields(
@@ -168,16 +178,26 @@ def measured_fields(
     device: DeviceInfo,
     opts: SweepOptions,
     ceilings: dict | None,
+    why: str | None = None,
 ) -> dict[str, Any]:
-    """The record fields of a prepared case and its Measurement (timing, metrics, clocks)."""
+    """The record fields of a prepared case and its Measurement (timing, metrics, clocks); `why`: the
+    reason the measurement is impossible (the record is then `unstable`)."""
     from dskbench import measure as core
 
     measured = _as_dict(m)
     base["stages"].update(measured.pop("stage_s", None) or {})
-    if not measured.get("n_samples") or measured.get("median_us") != measured.get("median_us"):  # none, NaN
+    if not _has_samples(measured):
         return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
     clocks = Clocks.from_json({k: measured.pop(k) for k in Clocks.KEYS if k in measured})
     timing = Timing.from_json({**measured, "mode": opts.mode, "input_sets": measured.get("n_sets", 1)})
+    if why:  # kept for the reader to see; no metrics: they would be computed from an impossible median
+        return {
+            **base,
+            "status": "unstable",
+            "reason": why,
+            "timing": timing.to_json(),
+            "clocks": clocks.to_json(),
+        }
     peaks = core.datasheet_peaks(device.name) if prep.device == "cuda" else None
     compute = {"int8": "fp8"}.get(prep.traffic.compute, prep.traffic.compute)
     metrics = Metrics.from_json(
@@ -187,6 +207,29 @@ def measured_fields(
     )
     parts = {"timing": timing.to_json(), "metrics": metrics.to_json(), "clocks": clocks.to_json()}
     return {**base, "status": "ok", **parts}
+
+
+def _has_samples(measured: dict[str, Any]) -> bool:
+    return bool(measured.get("n_samples")) and measured.get("median_us") == measured.get(
+        "median_us"
+    )  # not NaN
+
+
+def measure_valid(measure_once: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], str | None]:
+    """A measurement and why it is impossible (None: it is possible; dskbench.measure.validity).
+
+    An impossible one is measured once more, from scratch (a new graph, a new flush calibration): a
+    burst of another process's work on a shared GPU passes. The second stands either way, its notes
+    saying why the first was dropped; still impossible, the case is `unstable`."""
+    from dskbench.measure.validity import problem
+
+    measured = measure_once()
+    why = problem(measured) if _has_samples(measured) else None
+    if why is None:
+        return measured, None
+    again = measure_once()
+    again["notes"] = [*(again.get("notes") or []), f"measured twice: the first was dropped ({why})"]
+    return again, problem(again) if _has_samples(again) else None
 
 
 def measure_settings(opts: SweepOptions) -> Any:

@@ -13,11 +13,13 @@ from tqdm import tqdm
 
 
 def case_line(item: Any, status: str, fields: dict[str, Any]) -> str:
-    """One finished case: status, median, case id, backend, and why when it is not ok."""
+    """One finished case: status, median (an ok case's only: an unstable one's is impossible), case id,
+    backend, and why when it is not ok."""
     t = fields.get("timing") or {}
-    lat = f"{t['median_us']:10.2f} us" if isinstance(t.get("median_us"), int | float) else " " * 13
+    med = t.get("median_us") if status == "ok" else None
+    lat = f"{med:10.2f} us" if isinstance(med, int | float) else " " * 13
     why = "" if status == "ok" else f"  ({str(fields.get('reason', ''))[:80]})"
-    return f"{status:7} {lat}  {item.case_id} · {item.backend}{why}"
+    return f"{status:8} {lat}  {item.case_id} · {item.backend}{why}"
 
 
 def _columns(stream: TextIO) -> int:

@@ -27,7 +27,7 @@ from dskbench.execution.limits import CaseLimits, timeout_from_env
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.selection import repro_command
 from dskbench.results.io import ResultsWriter, environment_record
-from dskbench.results.records import ResultRecord
+from dskbench.results.records import STATUSES, ResultRecord
 
 
 @dataclass
@@ -38,7 +38,7 @@ class SweepSummary:
     items: int
 
     def line(self) -> str:
-        parts = ", ".join(f"{k} {self.counts.get(k, 0)}" for k in ("ok", "wrong", "skipped", "error"))
+        parts = ", ".join(f"{k} {self.counts.get(k, 0)}" for k in STATUSES)
         return f"{self.items} cases: {parts} in {self.wall_s:.1f} s -> {self.out}"
 
 

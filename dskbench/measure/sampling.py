@@ -173,7 +173,7 @@ def assemble(
     corrected (see drive) and `raw_samples` are the uncorrected ones, whose median is reported too."""
     s = summarize(stopper.samples)
     notes = list(notes)
-    raw_median = None
+    raw_median = clamped = None
     if launch_gap_us is not None:
         raw_sorted = sorted(raw_samples)
         raw_median = quantile(raw_sorted, 0.5)
@@ -202,6 +202,7 @@ def assemble(
         samples_us=[round_sig(x) for x in stopper.samples],  # stats above use the exact ones
         raw_median_us=raw_median,
         launch_gap_us=launch_gap_us,
+        clamped=clamped,
         flush_us=flush_us,
         flush_bytes=flush_bytes,
         flush_kind=flush_kind,

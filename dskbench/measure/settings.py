@@ -90,6 +90,7 @@ class Measurement:
     samples_us: list[float] = field(default_factory=list)  # after subtracting launch_gap_us, if any
     raw_median_us: float | None = None  # the median before the launch gap was subtracted
     launch_gap_us: float | None = None  # the per-launch gap subtracted from every sample (None: none)
+    clamped: int | None = None  # samples shorter than the gap, clamped at 0 (None: no gap subtracted)
     flush_us: float | None = None  # cold: median time of one flush (excluded from the samples)
     flush_bytes: int | None = None
     flush_kind: str | None = None  # cold: "write" or "read" (MeasureSettings.flush_kind)

@@ -19,6 +19,7 @@ Z95 = 1.959963984540054
 
 
 SAMPLE_DIGITS = 5  # significant digits a sample keeps in results files
+CI_MIN_SAMPLES = 5  # fewer samples leave the median's interval (and so the noise) undefined: inf
 
 
 def round_sig(x: float, digits: int = SAMPLE_DIGITS) -> float:
@@ -54,7 +55,7 @@ def median_ci(sorted_x: Sequence[float], z: float = Z95) -> tuple[float, float]:
 
 def relative_noise(sorted_x: Sequence[float]) -> float:
     """Half-width of the median's 95% interval over the median; inf when undefined (too few, median <= 0)."""
-    if len(sorted_x) < 5:
+    if len(sorted_x) < CI_MIN_SAMPLES:
         return math.inf
     med = quantile(sorted_x, 0.5)
     if not med > 0:

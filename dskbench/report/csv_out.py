@@ -3,7 +3,8 @@
 A case measured more than once (a resumed run, a run repeated on the same GPU) keeps its latest
 record; the same case on two GPUs gives two rows, told apart by `device`. Each row ends with the
 `dskbench run` command that measures that case alone again (the record's `repro`; for records written
-before they carried one, rebuilt from the run's settings).
+before they carried one, rebuilt from the run's settings). Only an `ok` row has numbers: an `unstable`
+one's timing is impossible (its reason says why; the results file keeps the timing).
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def rows(runs: list[Run]) -> list[dict[str, str]]:
 
 
 def _row(rec: dict[str, Any], device: str, settings: dict[str, Any] | None) -> dict[str, str]:
-    timing = rec.get("timing") or {}
-    metrics = rec.get("metrics") or {}
+    ok = rec["status"] == "ok"  # an unstable record's timing is impossible: no number in the table
+    timing = (rec.get("timing") or {}) if ok else {}
+    metrics = (rec.get("metrics") or {}) if ok else {}
     throttled = (rec.get("clocks") or {}).get("throttled")
     op = rec.get("op")
     return {
@@ -72,7 +74,7 @@ def _row(rec: dict[str, Any], device: str, settings: dict[str, Any] | None) -> d
         "pct_of_peak": _num(metrics.get("pct_of_floor")),
         "bound": metrics.get("bound") or "",
         "throttled": "" if throttled is None else str(bool(throttled)).lower(),
-        "reason": "" if rec["status"] == "ok" else str(rec.get("reason") or ""),
+        "reason": "" if ok else str(rec.get("reason") or ""),
         "case_id": rec.get("case_id") or rec["kernel"],
         "run_id": rec["run_id"],
         "repro": rec.get("repro") or repro_command(rec, settings) or "",

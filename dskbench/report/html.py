@@ -1,7 +1,7 @@
 """The self-contained HTML report: inline CSS, inline SVG charts, a few lines of JS; nothing fetched.
 
 This module gathers what each part of the page shows (per machine: the overview of fastest backends, the
-machine card, the changes between its last two commits, one section per kernel); the markup is in
+invalid measurements, the machine card, the changes between its last two commits, one section per kernel); the markup is in
 templates/report*.html.j2 and the stylesheet, shared with the pick page, in templates/style.css.
 
 Size stays proportional to the results (about 0.6 kB per result record): each kernel is one collapsed
@@ -28,15 +28,18 @@ from dskbench.report.model import (
 )
 from dskbench.report.tables import (
     Overview,
+    Problem,
     SummaryRow,
     ceiling_facts,
     environment_facts,
+    invalid,
     overview,
     summary,
 )
 from dskbench.report.templating import render_page
+from dskbench.results.records import STATUSES
 
-STATUS_ORDER = ("ok", "wrong", "skipped", "error")
+STATUS_ORDER = STATUSES
 
 
 @dataclass
@@ -59,6 +62,11 @@ class MachineView:
     summary: list[SummaryRow]
     kernels: list[KernelView]
     unmeasured: list[Unmeasured]
+    invalid: list[tuple[str, Problem]]  # (kernel, unstable cases of one backend and reason)
+
+    @property
+    def n_invalid(self) -> int:
+        return sum(len(p.cases) for _, p in self.invalid)
 
     @property
     def name(self) -> str:
@@ -157,6 +165,7 @@ def machine_view(
         summary=summary(m, categories),
         kernels=[kernel_view(m, k, categories, colors, hist.get((m.name, k)), threshold) for k in measured],
         unmeasured=[_unmeasured(m, k, categories) for k in m.kernels() if k not in measured],
+        invalid=invalid(m),
     )
 
 

@@ -28,8 +28,9 @@ from dskbench.report.model import (
     status_counts,
 )
 from dskbench.report.tables import Problem, Row, fmt_num, panel_rows, problems
+from dskbench.results.records import STATUSES
 
-STATUS_ORDER = ("ok", "wrong", "skipped", "error")
+STATUS_ORDER = STATUSES
 COMPUTE_INTENSITY = 4.0  # FLOPs per byte above which the compute chart is drawn
 OPEN_TABLE_ROWS = 12  # longer tables start collapsed, so the charts of a kernel stay in view
 HISTORY_ROWS = 60  # changes listed under the history chart; dskbench compare lists them all
@@ -42,6 +43,7 @@ class LegendEntry:
     color: str
     title: str  # kind · package · version · dispatches to
     wrong_at: str = ""  # points where this backend was wrong
+    invalid_at: str = ""  # points where its timing was impossible (unstable)
 
 
 @dataclass
@@ -98,7 +100,8 @@ class KernelView:
     regressions: int
     since: str  # the commit the regressions are against
     panels: list[PanelView] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # wrong, error, skipped
+    invalid: list[Problem] = field(default_factory=list)  # unstable: timed, the timing impossible
     history: HistoryView | None = None
 
 
@@ -118,6 +121,7 @@ def kernel_view(
     counts = status_counts(recs)
     anchor = kernel_anchor(m.slug, kernel)
     n_slow = sum(1 for c in h.changes(threshold) if c[2] in ("slower", "broke")) if h is not None else 0
+    probs = problems(recs)
     return KernelView(
         anchor=anchor,
         name=kernel,
@@ -128,7 +132,8 @@ def kernel_view(
         regressions=n_slow,
         since=h.commits[-2][1] if h is not None else "",
         panels=[panel_view(p, colors, m.is_cpu, recs, p.anchor(anchor)) for p in panels(recs)],
-        problems=problems(recs),
+        problems=[p for p in probs if p.status != "unstable"],
+        invalid=[p for p in probs if p.status == "unstable"],
         history=history_view(h, colors, threshold) if h is not None else None,
     )
 
@@ -138,14 +143,23 @@ def kernel_view(
 
 def panel_view(p: Panel, colors: dict[str, str], is_cpu: bool, all_recs: list[dict[str, Any]], anchor: str):
     rows = panel_rows(p)
-    wrong_at = _wrong_points(p, all_recs)
+    wrong_at = _points(p, all_recs, "wrong")
+    invalid_at = _points(p, all_recs, "unstable")
     legend = []
     for backend, recs in p.ok.items():
         b = recs[0]["backend"]
         title = " · ".join(str(x) for x in (b.get("kind"), b.get("package"), b.get("version")) if x)
         if b.get("dispatches_to"):
             title += f" · dispatches to {b['dispatches_to']}"
-        legend.append(LegendEntry(backend, colors.get(backend, "#333"), title, wrong_at.get(backend, "")))
+        legend.append(
+            LegendEntry(
+                backend,
+                colors.get(backend, "#333"),
+                title,
+                wrong_at.get(backend, ""),
+                invalid_at.get(backend, ""),
+            )
+        )
     table, group, last_x = [], 0, None
     for r in rows:
         if r.x != last_x:
@@ -264,10 +278,11 @@ def _peak_label(v: float | None, unit: str) -> str:
     return f"peak {fmt_num(v)} {unit}" if v else ""
 
 
-def _wrong_points(p: Panel, recs: list[dict[str, Any]]) -> dict[str, str]:
+def _points(p: Panel, recs: list[dict[str, Any]], status: str) -> dict[str, str]:
+    """Backend -> the panel's points where its result has `status`: `T=1, T=4`."""
     out: dict[str, list[str]] = {}
     for r in recs:
-        if r["status"] == "wrong" and r.get("op") == p.op and r.get("variant") == p.variant:
+        if r["status"] == status and r.get("op") == p.op and r.get("variant") == p.variant:
             pt = r.get("point") or {}
             if all(pt.get(k) == v for k, v in p.fixed.items()):
                 out.setdefault(r["backend"]["name"], []).append(f"{p.x_var}={pt.get(p.x_var)}")

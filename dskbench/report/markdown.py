@@ -21,13 +21,15 @@ from dskbench.report.tables import (
     environment_facts,
     fmt_num,
     fmt_pct,
+    invalid,
     overview,
     panel_rows,
     problems,
     summary,
 )
+from dskbench.results.records import STATUSES
 
-STATUS_ORDER = ("ok", "wrong", "skipped", "error")
+STATUS_ORDER = STATUSES
 
 
 def cell(s: object) -> str:
@@ -72,8 +74,13 @@ def _machine(m: Machine, categories: Mapping[str, str] | None, threshold: float)
         for r in summary(m, categories)
     ]
     out += ["### Summary", ""]
-    out += table(["category", "kernels", "cases", "backends", *STATUS_ORDER], rows, set(range(1, 8)))
+    out += table(
+        ["category", "kernels", "cases", "backends", *STATUS_ORDER],
+        rows,
+        set(range(1, 4 + len(STATUS_ORDER))),
+    )
     out += _overview(m, categories)
+    out += _invalid(m)
     hist = {k: history(m, k) for k in m.kernels()}
     out += _changes(hist, threshold)
     unmeasured = [k for k in m.kernels() if is_unmeasured(m.records(k))]
@@ -102,13 +109,33 @@ def _overview(m: Machine, categories: Mapping[str, str] | None) -> list[str]:
                 c = r.cells.get(x)
                 pct = f" ({fmt_pct(c.pct)})" if c is not None and c.pct is not None else ""
                 if c is None:
-                    cells.append(f"no correct result ({r.failed[x]})" if x in r.failed else "")
+                    cells.append(f"{r.failed_text(x)} ({r.failed[x]})" if x in r.failed else "")
                 else:
                     cells.append(f"{c.backend} {fmt_num(c.median)}{pct}")
             rows.append([f"{r.names} {fixed}".strip(), r.kernel, *cells])
         out += [f"### Fastest correct backend at decode, by {t.x_var} (µs, % of peak)", ""]
         out += table(["op", "kernel", *xs], rows)
     return out
+
+
+def _invalid(m: Machine) -> list[str]:
+    """Every unstable result: timed, but the timing is impossible, so shown nowhere as a number."""
+    found = invalid(m)
+    if not found:
+        return []
+    n = sum(len(p.cases) for _, p in found)
+    out = [
+        f"### Invalid measurements ({n})",
+        "",
+        "Timed, but the timing is impossible (measured twice; results files written before that rule "
+        "hold them as ok): never in a table, chart or the overview. `dskbench run --resume "
+        "--retry-errors` measures them again.",
+        "",
+    ]
+    for kernel, p in found:
+        old = f" ({p.reclassified} recorded ok by an earlier version)" if p.reclassified else ""
+        out.append(f"- **{kernel}** · {p.backend} · {p.reason}{old} — {p.where()}")
+    return out + [""]
 
 
 def _changes(hist: dict[str, History | None], threshold: float) -> list[str]:
@@ -177,7 +204,7 @@ def _kernel(m: Machine, kernel: str, categories, h: History | None, threshold: f
         out += [f"#### {p.title}", ""] + table(
             head, body, {off, off + 2, off + 3, off + 4, off + 5, off + 6, off + 7}
         )
-    probs = problems(recs)
+    probs = [p for p in problems(recs) if p.status != "unstable"]  # those are listed above
     if probs:
         out += ["Not measured:", ""]
         out += [f"- **{pr.status}** · {pr.backend} · {pr.reason} — {pr.where()}" for pr in probs] + [""]

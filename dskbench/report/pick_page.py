@@ -33,7 +33,7 @@ def cell_class(text: str) -> str:
         return "incomplete"
     if text.endswith(" tie"):
         return "tie"
-    if text.startswith(("✗", "no measurement", "not run")):
+    if text.startswith(("✗", "no measurement", "no valid measurement", "not run")):
         return "none"
     return ""
 

@@ -41,7 +41,7 @@ def cell_text(c: Cell) -> str:
     w, r = c.winner, c.runner_up
     if w is None:
         if not c.excluded and not c.skipped:
-            return "no measurement"
+            return "no valid measurement" if _invalid(c) else "no measurement"
         n = [(len(c.excluded), "wrong/error"), (len(c.skipped), "skipped"), (len(c.missing), "unmeasured")]
         return "✗ none correct: " + ", ".join(f"{k} {what}" for k, what in n if k)
     s = f"**{w.name}**{separate_mark(w)} {us(w.median)}"
@@ -49,6 +49,11 @@ def cell_text(c: Cell) -> str:
         sign = "≈" if c.tie else "›"
         s += f" {sign} {r.name}{separate_mark(r)} +{c.margin:.1%}" + (" tie" if c.tie else "")
     return s
+
+
+def _invalid(c: Cell) -> bool:
+    """Some candidate was measured, but its timing was impossible (unstable)."""
+    return any(o.status == "invalid" for o in c.missing)
 
 
 def separate_mark(o: Outcome) -> str:
@@ -204,7 +209,11 @@ def details(pp: PhasePick) -> list[tuple[str, list[str]]]:
         empty = [
             b
             for b in pp.batches
-            if not (c := rp.cells[b]).ranked and not c.what_if and not c.excluded and not c.skipped
+            if not (c := rp.cells[b]).ranked
+            and not c.what_if
+            and not c.excluded
+            and not c.skipped
+            and not _invalid(c)  # those say why: the invalid candidates' reasons
         ]
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         first: dict[tuple[str, str], str] = {}
@@ -221,7 +230,7 @@ def details(pp: PhasePick) -> list[tuple[str, list[str]]]:
                 faster.append(f"{v}={b}: {best.name}{separate_mark(best)} {us(best.median)}{than}")
         lines = [f"no measurement {at(empty)}"] if empty else []
         for (name, status), bs in groups.items():
-            word = "no measurement" if status == "missing" else status
+            word = {"missing": "no measurement", "invalid": "no valid measurement"}.get(status, status)
             reason = first[(name, status)]
             if status == "missing" and not any(len(c.parts) > 1 for c in rp.candidates if c.name == name):
                 reason = ""  # one kernel: its name says it all

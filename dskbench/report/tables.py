@@ -21,7 +21,7 @@ from dskbench.report.model import (
     tflops,
 )
 
-PROBLEM_ORDER = {"wrong": 0, "error": 1, "skipped": 2}
+PROBLEM_ORDER = {"wrong": 0, "error": 1, "unstable": 2, "skipped": 3}
 
 
 def fmt_num(x: float | None, digits: int = 3) -> str:
@@ -103,6 +103,11 @@ class Problem:
     reason: str
     cases: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def reclassified(self) -> int:
+        """Cases a file holds as ok whose timing the validity rule finds impossible (read as unstable)."""
+        return sum(1 for r in self.cases if r.get("reclassified_from"))
+
     def where(self, limit: int = 12) -> str:
         """The cases, compressed: `input_layernorm · decode · T=1, 2, 4`."""
         groups: dict[str, list[str]] = defaultdict(list)
@@ -131,6 +136,17 @@ def problems(records: list[dict[str, Any]]) -> list[Problem]:
     for p in groups.values():
         p.cases.sort(key=lambda r: natural_key(str(r.get("case_id") or "")))
     return sorted(groups.values(), key=lambda p: (PROBLEM_ORDER.get(p.status, 9), p.backend, p.reason))
+
+
+def invalid(machine: Machine) -> list[tuple[str, Problem]]:
+    """(kernel, cases of one backend and reason) of every unstable result: timed, but the timing is
+    impossible (dskbench.measure.validity), so no table, chart or overview shows it as a number."""
+    return [
+        (kernel, p)
+        for kernel in machine.kernels()
+        for p in problems(machine.records(kernel))
+        if p.status == "unstable"
+    ]
 
 
 @dataclass
@@ -290,6 +306,11 @@ class OverviewRow:
     anchor: str  # the panel's id in the page
     cells: dict[float, Cell]
     failed: dict[float, str] = field(default_factory=dict)  # points measured with no correct result: status
+
+    def failed_text(self, x: float) -> str:
+        """What a point without a number says: no valid measurement (its timings were all impossible), or
+        no correct result (some were wrong or failed)."""
+        return "no valid measurement" if self.failed.get(x) == "unstable" else "no correct result"
 
 
 @dataclass

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dskbench.results.records import SCHEMA, STATUSES, Environment, RecordError, ResultRecord
+from dskbench.measure.validity import problem
+from dskbench.results.records import SCHEMA, STATUSES, TIMED, Environment, RecordError, ResultRecord
 
 
 class ResultsError(ValueError):
@@ -213,10 +214,10 @@ def validate_record(rec: dict[str, Any]) -> None:
     if kind == "result":
         if rec["status"] not in STATUSES:
             raise ResultsError(f"status {rec['status']!r} is not one of {', '.join(STATUSES)}")
-        if rec["status"] in ("skipped", "error", "wrong") and not rec.get("reason"):
+        if rec["status"] != "ok" and not rec.get("reason"):
             raise ResultsError(f"a {rec['status']} result needs a reason")
-        if rec["status"] == "ok" and not rec.get("timing"):
-            raise ResultsError("an ok result needs its timing")
+        if rec["status"] in TIMED and not rec.get("timing"):
+            raise ResultsError(f"an {rec['status']} result needs its timing")
 
 
 def is_results_file(path: Path) -> bool:
@@ -267,16 +268,24 @@ def read_runs(paths: Iterable[str | Path]) -> list[Run]:
             else:
                 if rid not in runs:
                     raise ResultsError(f"{path}: result for run {rid} before its environment record")
-                runs[rid].results.append(_without_empty_timing(rec))
+                runs[rid].results.append(as_read(rec))
     return [runs[r] for r in order]
 
 
-def _without_empty_timing(rec: dict[str, Any]) -> dict[str, Any]:
-    """An `ok` result with no finite median is an error (files written by early versions could hold such
-    records: the budget ended sampling of a slow kernel before its first sample)."""
+def as_read(rec: dict[str, Any]) -> dict[str, Any]:
+    """An `ok` result as today's rules read it, so that every reader (report, compare, pick, resume)
+    sees the same status. With no finite median it is an error (early versions could write such
+    records: the budget ended sampling of a slow kernel before its first sample). With an impossible
+    timing (dskbench.measure.validity: a median of 0 us, most samples clamped, ...) it is `unstable`,
+    marked `reclassified_from: ok` (files written before the engine applied that rule)."""
+    if rec["status"] != "ok":
+        return rec
     med = (rec.get("timing") or {}).get("median_us")
-    if rec["status"] == "ok" and not (isinstance(med, int | float) and math.isfinite(med)):
+    if not (isinstance(med, int | float) and math.isfinite(med)):
         return {**rec, "status": "error", "reason": "the measurement produced no timing samples"}
+    why = problem(rec["timing"])
+    if why:
+        return {**rec, "status": "unstable", "reason": why, "reclassified_from": "ok"}
     return rec
 
 
@@ -292,13 +301,18 @@ def latest_by_case(runs: Iterable[Run]) -> dict[tuple[str, str], dict[str, Any]]
 def finished_cases(runs: Iterable[Run], retry_errors: bool = False) -> set[tuple[str, str]]:
     """(case_id, backend) pairs a resumed sweep does not run again: every case with a record.
 
-    The latest record of a case decides. An `error` stands like ok, wrong and skipped (a kernel that
-    hung or crashed its worker would do so again) unless `retry_errors`. A case stopped by an
-    interrupt has no record, so it runs again.
+    The latest record of a case decides. An `error` or `unstable` record stands like ok, wrong and
+    skipped (a kernel that hung or crashed its worker would do so again) unless `retry_errors`. A case
+    stopped by an interrupt has no record, so it runs again.
     """
     return {
-        key for key, rec in latest_by_case(runs).items() if not (retry_errors and rec["status"] == "error")
+        key
+        for key, rec in latest_by_case(runs).items()
+        if not (retry_errors and rec["status"] in RETRIED)
     }
+
+
+RETRIED = ("error", "unstable")  # what --retry-errors runs again
 
 
 # The settings a resumed sweep must share with the file's earlier runs: what a case measures and how.

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 SCHEMA = "dskbench.results/1"
-STATUSES = ("ok", "wrong", "skipped", "error")
+# unstable: checked and timed, but the timing is impossible (dskbench.measure.validity), twice: kept
+# for the reader to see, never used as a number
+STATUSES = ("ok", "wrong", "skipped", "error", "unstable")
+TIMED = ("ok", "unstable")  # the statuses whose record carries a timing
 
 
 class RecordError(ValueError):
@@ -178,6 +181,7 @@ class Timing(Part):
     samples_us: list[float] | None = _always("the samples (launch gap subtracted)")
     raw_median_us: float | None = _always("median before the launch gap was subtracted")
     launch_gap_us: float | None = _always("per-launch graph node gap subtracted from every sample")
+    clamped: int | None = _optional("samples shorter than the launch gap, clamped at 0")
     flush_us: float | None = _always("cold: median time of one L2 flush (excluded)")
     flush_bytes: int | None = _always("cold: bytes one flush touches")
     flush_kind: str | None = _always("cold: write or read")
@@ -329,6 +333,8 @@ def _check_kind(d: Mapping[str, Any], kind: str) -> None:
 # Top-level keys of a result record besides the identity and the parts, each written only when set.
 RESULT_FIELDS = {
     "reason": "why the case is not ok: required unless ok",
+    "reclassified_from": "set by readers, not by runs: the status the file holds (ok) for a record read "
+    "as unstable, its timing failing the validity rule of later versions",
     "seed": "input seed of this case",
     "index": "position in the run's plan",
     "shared_with": "the case whose measurement this record copies (dedupe; may be another kernel's)",
@@ -352,13 +358,14 @@ PARTS = {
 @dataclass(frozen=True)
 class ResultRecord:
     """One case's result. Invariants (checked on construction): a known status; a reason unless ok; an
-    ok result has a timing with a finite median. `validate_complete` adds what the engine always writes: ok and wrong results carry their check."""
+    ok result has a timing with a finite median, an unstable one the timing found impossible. `validate_complete` adds what the engine always writes: ok and wrong results carry their check."""
 
     run_id: str
     status: str
     identity: Identity
     backend: BackendInfo
     reason: str | None = None
+    reclassified_from: str | None = None
     seed: int | None = None
     check: Check | None = None
     traffic: Traffic | None = None
@@ -383,10 +390,12 @@ class ResultRecord:
             raise RecordError(f"a {self.status} result needs a reason")
         if self.status == "ok" and (self.timing is None or not _finite(self.timing.median_us)):
             raise RecordError("an ok result needs its timing (a finite median)")
+        if self.status == "unstable" and self.timing is None:
+            raise RecordError("an unstable result needs the timing that was found impossible")
 
     def validate_complete(self) -> ResultRecord:
-        """The engine's records: ok and wrong results carry the check that decided them."""
-        if self.status in ("ok", "wrong") and self.check is None:
+        """The engine's records: ok, unstable and wrong results carry the check that decided them."""
+        if self.status in ("ok", "unstable", "wrong") and self.check is None:
             raise RecordError(f"a {self.status} result needs its check")
         return self
 

@@ -90,7 +90,11 @@ def _result() -> dict[str, Any]:
     props: dict[str, Any] = {
         **_record_head("result"),
         "run_id": {"type": "string", "description": "the run (its environment record) this result belongs to"},
-        "status": {"enum": list(STATUSES), "description": "ok: checked, then timed; wrong: failed the check"},
+        "status": {
+            "enum": list(STATUSES),
+            "description": "ok: checked, then timed; wrong: failed the check; unstable: checked and timed, "
+            "the timing impossible twice (kept, never used as a number)",
+        },
         **ident,
         "backend": {"$ref": "#/$defs/BackendInfo"},
     }
@@ -118,6 +122,10 @@ def _result() -> dict[str, Any]:
                         "timing": {"type": "object", "properties": {"median_us": {"type": "number"}}}
                     },
                 },
+            },
+            {
+                "if": {"properties": {"status": {"const": "unstable"}}},
+                "then": {"required": ["timing"], "properties": {"timing": {"type": "object"}}},
             },
         ],
     }

@@ -14,6 +14,7 @@ def open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips:
     """Check --out before anything runs (ours or new; an unfinished last line cut off) and, with
     --resume, drop the cases it already holds. Raises ResultsError with a one-line reason."""
     from dskbench.results.io import (
+        RETRIED,
         ResultsError,
         finished_cases,
         latest_by_case,
@@ -46,12 +47,18 @@ def open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips:
     latest = latest_by_case(runs)
     before = len(items)
     kept = [i for i in items if (i.case_id, i.backend) not in done]
-    errors = sum(1 for i in items if latest.get((i.case_id, i.backend), {}).get("status") == "error")
+    statuses = [latest.get((i.case_id, i.backend), {}).get("status") for i in items]
+    errors = sum(1 for s in statuses if s in RETRIED)
+    what = " or ".join(_plural(s) for s in RETRIED if s in statuses)  # errors, unstable, errors or unstable
     items = [dataclasses.replace(i, index=n) for n, i in enumerate(kept)]
     skips = [s for s in skips if (s["case_id"], "-") not in done]
     if args.retry_errors:
-        note = f", {errors} errors to run again" if errors else ""
+        note = f", {errors} {what} to run again" if errors else ""
     else:
-        note = f" ({errors} of them errors, kept: --retry-errors runs them again)" if errors else ""
+        note = f" ({errors} of them {what}, kept: --retry-errors runs them again)" if errors else ""
     print(f"resuming {out}: {before - len(items)} cases already done{note}", file=sys.stderr)
     return items, skips
+
+
+def _plural(status: str) -> str:
+    return {"error": "errors"}.get(status, status)
