@@ -204,13 +204,23 @@ class Metrics(Part):
     gbps: float | None = _always("achieved GB/s (collectives: bus bandwidth)")
     tflops: float | None = _always("achieved TFLOP/s")
     compute: str | None = _always("tensor rate compared with: bf16, fp8, fp4")
-    pct_bw_measured: float | None = _always("% of the run's measured copy bandwidth")
-    pct_compute_measured: float | None = _always("% of the run's measured matmul rate")
-    pct_bw_datasheet: float | None = _always("% of the datasheet HBM bandwidth")
-    pct_compute_datasheet: float | None = _always("% of the datasheet tensor rate")
-    floor_us: float | None = _always("the roofline time: traffic at the ceilings")
+    pct_bw_measured: float | None = _always(
+        "% of the run's measured copy bandwidth (null when that ceiling was throttled or did not converge)"
+    )
+    pct_compute_measured: float | None = _always(
+        "% of the run's measured matmul rate (null when that ceiling was throttled or did not converge)"
+    )
+    pct_bw_datasheet: float | None = _always("% of the datasheet HBM bandwidth: the % of peak")
+    pct_compute_datasheet: float | None = _always("% of the datasheet dense tensor rate: the % of peak")
+    floor_us: float | None = _always("the roofline time: traffic at the peaks (floor_peaks says which)")
     bound: str | None = _always("memory or compute")
     pct_of_floor: float | None = _always("floor_us / median, in %")
+    floor_peaks: str | None = _optional(
+        "the peaks floor_us is taken at: datasheet, measured (no datasheet entry), or datasheet+measured"
+    )
+    ceilings_unused: dict[str, str] | None = _optional(
+        "measured ceilings this record is not compared with, and why (throttled, not converged)"
+    )
     payload_bytes: int | None = _optional("collectives: bytes each rank contributes")
     algbw_gbps: float | None = _optional("collectives: payload / time")
     busbw_gbps: float | None = _optional("collectives: 2(n-1)/n x payload / time")
@@ -218,13 +228,13 @@ class Metrics(Part):
 
     @property
     def pct_bw(self) -> float | None:
-        """% of bandwidth peak: the measured ceiling, else the datasheet."""
-        return _first_finite(self.pct_bw_measured, self.pct_bw_datasheet)
+        """% of bandwidth peak: of the datasheet (a GPU with no datasheet entry has none)."""
+        return _first_finite(self.pct_bw_datasheet)
 
     @property
     def pct_compute(self) -> float | None:
-        """% of compute peak: the measured ceiling, else the datasheet."""
-        return _first_finite(self.pct_compute_measured, self.pct_compute_datasheet)
+        """% of compute peak: of the datasheet (a GPU with no datasheet entry has none)."""
+        return _first_finite(self.pct_compute_datasheet)
 
 
 def _first_finite(*xs: Any) -> float | None:
@@ -299,6 +309,13 @@ class Environment(Part):
     settings: dict[str, Any] | None = _optional("the sweep options")
     command: list[str] | None = _optional("the command line")
     gpus: list[dict[str, Any]] | None = _optional("one entry per GPU of a sharded or collective run")
+    peaks: dict[str, Any] | None = _optional(
+        "the datasheet peaks every % of peak is taken against: name, hbm_gbps, <rate>_tflops, source"
+    )
+    shared_gpu: list[dict[str, Any]] | None = _optional(
+        "at the start, per GPU of the run: state (exclusive, shared, unknown), the other processes on it "
+        "(pid, name, used_mib), mig, mps"
+    )
     extra: Mapping[str, Any] = _extra()
 
     null_keys: frozenset[str] = field(default=frozenset(), compare=False, metadata={"internal": True})
@@ -316,7 +333,9 @@ class Environment(Part):
         env = super().from_json(body)
         return replace(env, null_keys=frozenset(k for k, v in body.items() if v is None and k in env.NULLABLE))
 
-    NULLABLE: ClassVar[tuple[str, ...]] = ("host", "platform", "git", "multicast", "ceilings", "settings", "command", "gpus")
+    NULLABLE: ClassVar[tuple[str, ...]] = (
+        "host", "platform", "git", "multicast", "ceilings", "settings", "command", "gpus", "peaks", "shared_gpu"
+    )  # fmt: skip
 
 
 def _check_kind(d: Mapping[str, Any], kind: str) -> None:
@@ -338,6 +357,7 @@ RESULT_FIELDS = {
     "world": "collectives: processes, one per GPU",
     "ranks": "collectives: each rank's median_us, p10_us, p90_us, method",
     "detail": "collectives: the set-up's note",
+    "shared_gpu": "other processes used the GPU when this case was measured: {pids, names}",
 }
 PARTS = {
     "check": Check,
@@ -374,6 +394,7 @@ class ResultRecord:
     world: int | None = None
     ranks: list[dict[str, Any]] | None = None
     detail: Any = None
+    shared_gpu: dict[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
