@@ -11,6 +11,7 @@ from typing import Any
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
+from dskbench.execution import shared_gpu
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
 from dskbench.results.records import BackendInfo, Check, Clocks, Identity, Metrics, Stages, Timing, Traffic
@@ -155,7 +156,7 @@ def execute_item(
         )
     )
     parts = {"timing": timing.to_json(), "metrics": metrics.to_json(), "clocks": clocks.to_json()}
-    return {**base, "status": "ok", **parts}
+    return {**base, "status": "ok", **parts, **shared_gpu.record_fields(prep.device)}
 
 
 def measure_settings(opts: SweepOptions) -> Any:
