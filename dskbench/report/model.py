@@ -273,7 +273,8 @@ def history(machine: Machine, kernel: str) -> History | None:
 
 
 def pct_of_peak(metrics: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
-    """(% of bandwidth peak, % of compute peak): measured ceilings preferred over datasheet ones."""
+    """(% of the datasheet bandwidth, % of the datasheet compute rate); None where the GPU has no
+    datasheet entry. The run's measured ceilings are shown beside the datasheet ones, never instead."""
     if not metrics:
         return None, None
     m = Metrics.from_json(metrics)
@@ -301,6 +302,10 @@ def flags(rec: dict[str, Any]) -> list[str]:
         out.append(f"throttled ({reasons})")
     if t and t.converged is False:
         out.append("not converged" + (f" (cv {t.cv:.1%})" if _num(t.cv) else ""))
+    shared = rec.get("shared_gpu")
+    if isinstance(shared, Mapping):
+        pids = ", ".join(str(p) for p in shared.get("pids") or []) or "?"
+        out.append(f"shared GPU (pid {pids})")
     return out
 
 
