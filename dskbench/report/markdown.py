@@ -101,7 +101,7 @@ def _over_peak(m: Machine) -> list[str]:
     if not found:
         return []
     out = [
-        f"### Above 100% of the datasheet peak ({len(found)} results)",
+        f"### Above 100% of the datasheet peak ({len(found)} result{'s' if len(found) != 1 else ''})",
         "",
         "No kernel beats the datasheet: each of these counts bytes or FLOPs its kernel does not move or "
         "compute; its adapter's traffic model needs fixing.",
