@@ -80,6 +80,7 @@ def test_only_datasheet_percentages_above_100_are_flagged():
         _record("fine", "a", pct_bw=97.0, measured_bw=121.0),  # above a low measured ceiling: fine
         _record("wrong", "a", pct_bw=300.0, status="wrong"),  # not an ok result
         _record("exactly", "a", pct_bw=100.0),
+        {**_record("hot", "a", pct_bw=180.0), "timing": {"mode": "hot"}},  # L2 hits: no HBM limit
     ]
     found = over_peak(recs)
     assert [(o.kernel, o.quantity, o.pct) for o in found] == [
