@@ -141,3 +141,26 @@ def test_binders_call_the_library_signatures():
     fi = next(b for b in a.backends if b.name == "flashinfer")
     assert fi.skip(dataclasses.replace(case, dims={**case.dims, "reqs": 2})) is not None
     assert fi.skip(case) is None
+
+
+def test_traffic_reads_no_score_of_a_row_within_topk():
+    # 12 tokens, 2 requests of 6: causal lengths 1..6 twice; topk 8 > every length: no score is needed
+    short = _case("fast_topk_transform_ragged_fused", 12, 2, 12, topk=8)
+    meta = 4 * 12 * 3  # length, row start, offset per row
+    assert get_adapter("fast_topk_transform_ragged_fused").traffic(short).bytes == meta + 4 * 12 * 8
+    # topk 4: rows of length 5 and 6 read their valid scores, the others none
+    longer = dataclasses.replace(short, dims={**short.dims, "topk": 4})
+    scores = 4 * (5 + 6) * 2
+    assert get_adapter("fast_topk_transform_ragged_fused").traffic(longer).bytes == scores + meta + 4 * 12 * 4
+
+
+def test_paged_traffic_gathers_one_entry_per_chosen_position():
+    # decode, 4 rows of lengths 20, 18, 15, 13 (kv_len 20 down to half), topk 16
+    case = _case("fast_topk_transform_fused", 4, 4, 20, topk=16)
+    lengths = TK.row_lengths(case)
+    scores = 4 * sum(n for n in lengths if n > 16)
+    gather = 4 * sum(min(n, 16) for n in lengths)
+    meta = 4 * 4 + 4 * 5  # lengths, cu_seqlens_q
+    assert get_adapter("fast_topk_transform_fused").traffic(case).bytes == scores + gather + meta + 4 * 4 * 16
+    plain = get_adapter("fast_topk_v2").traffic(case).bytes
+    assert plain == scores + 4 * 4 + 4 * 4 * 16

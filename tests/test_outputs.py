@@ -305,8 +305,9 @@ def test_report_writes_one_csv_row_per_case_and_backend(tmp_path, capsys):
     case = {"kernel": "rmsnorm", "op": "input_layernorm", "variant": None, "phase": "decode"}
     ok = {
         "timing": {"median_us": 4.125, "p10_us": 4.0, "p90_us": 4.5},
-        "metrics": {"gbps": 1234.5678, "tflops": None, "pct_of_floor": 37.5, "bound": "memory"},
+        "metrics": {"gbps": 1234.5678, "tflops": None, "pct_bw_datasheet": 37.5, "bound": "memory"},
         "clocks": {"throttled": False},
+        "shared_gpu": {"pids": [4242, 4343], "names": ["python", None]},
     }
     with ResultsWriter(path) as w:
         w.write(environment_record("r1", **env, settings=settings))
@@ -351,9 +352,10 @@ def test_report_writes_one_csv_row_per_case_and_backend(tmp_path, capsys):
         "p90_us": "4.5",
         "gbps": "1234.57",
         "tflops": "",
-        "pct_of_peak": "37.5",
+        "pct_of_datasheet": "37.5",
         "bound": "memory",
         "throttled": "false",
+        "shared_gpu": "4242 4343",
         "reason": "",
         "case_id": "rmsnorm/input_layernorm/decode/T=8",
         "run_id": "r1",

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dskbench import paths
+from dskbench.results.access import part_of, rate
 from dskbench.results.io import ResultsError, iter_records, read_runs
 from dskbench.results.records import (
     BackendInfo,
@@ -18,8 +19,6 @@ from dskbench.results.records import (
     RecordError,
     ResultRecord,
     Timing,
-    part_of,
-    rate,
 )
 from dskbench.results.schema import SCHEMA_FILE, results_schema, schema_text
 

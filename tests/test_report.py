@@ -204,16 +204,16 @@ def test_text_is_escaped(tmp_path: Path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
-def test_pct_of_peak_prefers_measured_ceilings():
+def test_pct_of_peak_is_of_the_datasheet():
     from dskbench.measure.metrics import metrics
 
-    m = metrics(
-        10.0, 40_000_000, 8e9, {"bandwidth_gbps": 5000.0, "bf16_tflops": 1600.0}, {"hbm_gbps": 8000.0}
-    )
-    assert pct_of_peak(m) == (pytest.approx(80.0), pytest.approx(50.0))
-    only_sheet = metrics(10.0, 40_000_000, None, None, {"hbm_gbps": 8000.0})
-    assert pct_of_peak(only_sheet) == (pytest.approx(50.0), None)
-    assert pct_of_peak({"pct_bw_datasheet": 70.0, "pct_bw_measured": 75.0}) == (75.0, None)
+    usable = {"converged": True, "throttled": False}
+    ceil = {"bandwidth_gbps": 5000.0, "bf16_tflops": 1600.0, "copy": usable, "bf16_matmul": usable}
+    m = metrics(10.0, 40_000_000, 8e9, ceil, {"hbm_gbps": 8000.0, "bf16_tflops": 2250.0})
+    assert pct_of_peak(m) == (pytest.approx(50.0), pytest.approx(100.0 * 800 / 2250))
+    no_sheet = metrics(10.0, 40_000_000, None, ceil, None)  # measured alone is not a % of peak
+    assert no_sheet["pct_bw_measured"] == pytest.approx(80.0) and pct_of_peak(no_sheet) == (None, None)
+    assert pct_of_peak({"pct_bw_datasheet": 70.0, "pct_bw_measured": 75.0}) == (70.0, None)
     assert pct_of_peak({"pct_dram_measured": 75.0}) == (None, None)  # one key per quantity, no guessing
     assert pct_of_peak(None) == (None, None)
 
@@ -392,7 +392,7 @@ def test_csv_link_and_peak_lines(landing, tmp_path: Path):
     compute = chart_titled(sec, "compute")
     assert compute.find(f"{SVG_NS}path[@class='ref']") is not None
     label = compute.find(f"{SVG_NS}text[@class='refl']").text
-    assert label.startswith("peak ") and label.endswith(" TFLOP/s")
+    assert label.startswith("datasheet ") and label.endswith(" TFLOP/s")
     page = write_report([_landing_run()], tmp_path, categories={})[0].read_text()
     assert 'class="csv"' not in page  # linked only where one is written
 

@@ -82,7 +82,7 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     return python, env
 
 
-def test_the_wheel_carries_the_shapes_files_and_the_registry(installed, tmp_path):
+def test_the_wheel_carries_the_shapes_files_the_registry_and_the_peaks(installed, tmp_path):
     python, env = installed
     site = Path(env["PYTHONPATH"].split(os.pathsep)[0])
     data = site / "dskbench" / "data"
@@ -91,6 +91,7 @@ def test_the_wheel_carries_the_shapes_files_and_the_registry(installed, tmp_path
     shipped = sorted(p.name for p in (data / "registry").glob("*.yaml"))
     assert shipped == sorted(p.name for p in paths.REGISTRY_DIR.glob("*.yaml")) and len(shipped) > 50
     assert (data / "registry" / ".manifest").is_file()
+    assert (data / "peaks" / "datasheet.yaml").is_file()  # the denominator of every % of peak
     probe = "import dskbench, dskbench.paths as p\nfor x in (dskbench.__file__, p.REGISTRY_DIR, p.RESULTS_DIR): print(x)"
     r = _run([str(python), "-c", probe], tmp_path, env)
     assert r.returncode == 0, r.stderr

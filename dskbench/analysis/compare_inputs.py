@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.analysis.verdict import Stat
+from dskbench.results.access import part_of
 from dskbench.results.io import ResultsError, Run, is_results_file, read_runs
-from dskbench.results.records import Timing, part_of
+from dskbench.results.records import Timing
 
 LATENCY_METRICS = ("track_latency",)
 

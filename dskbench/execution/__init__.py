@@ -13,4 +13,5 @@ process kills and recorder.
     process.py  one watched worker process and its protocol; hung, crashed, poisoned cases lost alone
     pool.py     slots (GPUs, build jobs) running units of items through watched workers
     sweep.py    the results file, the environment record, the recorder, the run
+    shared_gpu.py  other processes on the run's GPUs: start-of-run warning, per-result field, --exclusive
 """

@@ -12,6 +12,7 @@ from typing import Any
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
+from dskbench.execution import shared_gpu
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
 from dskbench.results.records import BackendInfo, Check, Clocks, Identity, Metrics, Stages, Timing, Traffic
@@ -206,7 +207,7 @@ def measured_fields(
         )
     )
     parts = {"timing": timing.to_json(), "metrics": metrics.to_json(), "clocks": clocks.to_json()}
-    return {**base, "status": "ok", **parts}
+    return {**base, "status": "ok", **parts, **shared_gpu.record_fields(prep.device)}
 
 
 def _has_samples(measured: dict[str, Any]) -> bool:

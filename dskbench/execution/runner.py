@@ -33,6 +33,7 @@ from dskbench.execution.items import (  # noqa: F401
     sweep_seed,
 )
 from dskbench.execution.pool import Slot
+from dskbench.execution.shared_gpu import start_check
 from dskbench.execution.sweep import (  # noqa: F401
     Recorder,
     SweepSummary,
@@ -142,9 +143,10 @@ def run_sweep(
         return run_sharded(items, skips, opts, out, progress)
     import dataclasses
 
-    from dskbench.results.environment import environment, multicast_env, new_run_id
+    from dskbench.results.environment import environment, multicast_env, new_run_id, run_peaks
 
     device = DeviceInfo.detect(opts.device)
+    sharing = start_check(1, device.kind) if items else None  # before the ceilings, which it would skew
     run_id = new_run_id()
     run_seed = sweep_seed(opts)
     to_run, copies = measure_once(items) if opts.dedupe else (items, {})
@@ -156,6 +158,8 @@ def run_sweep(
         "run_id": run_id,
         **environment(device, opts.no_multicast),
         "ceilings": ceilings,
+        **run_peaks(device),
+        **({"shared_gpu": sharing} if sharing else {}),
         "settings": {
             **dataclasses.asdict(opts),
             "run_seed": run_seed,

@@ -47,6 +47,7 @@ from dskbench.execution.cost import (
 )
 from dskbench.execution.items import SweepOptions, WorkItem, sweep_seed
 from dskbench.execution.pool import Slot
+from dskbench.execution.shared_gpu import start_check
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
 from dskbench.execution.twins import measure_once
 from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
@@ -273,12 +274,13 @@ def run_sharded(
     progress: Any = None,
 ) -> SweepSummary:
     """run_sweep over opts.gpus GPUs: one writer, one worker per GPU at a time, records as they finish."""
-    from dskbench.results.environment import environment, new_run_id
+    from dskbench.results.environment import environment, new_run_id, run_peaks
 
     n = opts.gpus
     host = DeviceInfo.detect("cuda")
     parse_gpus(str(n), host.count)
     tokens = visible_gpus(n)
+    sharing = start_check(n, opts.device) if items else None  # before the probes measure ceilings
     probes = probe_gpus(tokens, opts.device, opts.measure_ceilings and opts.device == "cuda" and bool(items))
     check_same_model(probes, tokens)
     gate = host if opts.device == "cuda" else DeviceInfo("cpu")
@@ -288,6 +290,9 @@ def run_sharded(
     run_seed = sweep_seed(opts)
     env = environment(DeviceInfo("cpu"), opts.no_multicast)  # the parent opens no CUDA context
     env["device"] = {**probes[0]["device"], "count": n}
+    env.update(run_peaks(DeviceInfo(opts.device, env["device"].get("name") or "")))
+    if sharing:
+        env["shared_gpu"] = sharing
     env["gpus"] = [
         {
             "index": g,

@@ -12,6 +12,7 @@ All hot mode: the operands are far larger than L2, so flushing would change noth
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dskbench.measure.calibrate import calibrate_launch_gap, settings_with_gap
@@ -104,6 +105,46 @@ def _fp8_mm(device: str, s: MeasureSettings, gen: Any) -> dict[str, Any]:
         "op": op,
         **_summary(m),
     }
+
+
+# flat ceiling -> the detail dict of the measurement behind it
+DETAILS = {"bandwidth_gbps": "copy", "bf16_tflops": "bf16_matmul", "fp8_tflops": "fp8_matmul"}
+
+
+def usable_ceilings(ceilings: Mapping[str, Any] | None) -> tuple[dict[str, float], dict[str, str]]:
+    """({flat key: value} of the ceilings fit to compare with, {flat key: why not} of the others).
+
+    A ceiling is used only when its measurement converged and was not throttled: a copy or a matmul
+    slowed by heat, power or another process on the GPU is not the machine's ceiling, and kernels then
+    land "above 100%" of it. A ceiling without its detail cannot be judged and is not used either."""
+    used: dict[str, float] = {}
+    unused: dict[str, str] = {}
+    for flat, name in DETAILS.items():
+        v = (ceilings or {}).get(flat)
+        if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
+            continue
+        why = unfit_reason((ceilings or {}).get(name))
+        if why:
+            unused[flat] = why
+        else:
+            used[flat] = float(v)
+    return used, unused
+
+
+def unfit_reason(detail: Any) -> str | None:
+    """Why a measured ceiling (its detail dict) must not be a denominator; None when it may."""
+    if not isinstance(detail, Mapping):
+        return "no measurement detail to judge it by"
+    reasons = []
+    if detail.get("throttled") is not False:
+        named = ", ".join(str(r) for r in detail.get("throttle_reasons") or [])
+        known = detail.get("throttled") is True
+        reasons.append(
+            f"throttled ({named})" if known and named else "throttled" if known else "throttling unknown"
+        )
+    if detail.get("converged") is not True:
+        reasons.append("not converged")
+    return "; ".join(reasons) or None
 
 
 def measure_ceilings(device: str = "cuda", settings: MeasureSettings | None = None) -> dict[str, Any]:

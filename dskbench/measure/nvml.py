@@ -99,6 +99,16 @@ def _handle(lib: Any, index: int) -> Any:
     return h
 
 
+def library() -> Any:
+    """The initialised pynvml module, or None (nvidia-ml-py not installed, no driver)."""
+    return _load()
+
+
+def device_handle(lib: Any, index: int) -> Any:
+    """NVML handle of CUDA device `index` (raises what NVML raises); see _handle."""
+    return _handle(lib, index)
+
+
 def decode_reasons(mask: int) -> list[str]:
     """Names of the set reason bits, in bit order; unknown bits as hex."""
     names = [name for bit, name in REASON_BITS.items() if mask & bit]

@@ -4,7 +4,9 @@ A case measured more than once (a resumed run, a run repeated on the same GPU) k
 record; the same case on two GPUs gives two rows, told apart by `device`. Each row ends with the
 `dskbench run` command that measures that case alone again (the record's `repro`; for records written
 before they carried one, rebuilt from the run's settings). Only an `ok` row has numbers: an `unstable`
-one's timing is impossible (its reason says why; the results file keeps the timing).
+one's timing is impossible (its reason says why; the results file keeps the timing). `pct_of_datasheet`
+is the % of the datasheet peak that bounds the case; `shared_gpu` lists the other processes' PIDs on the
+GPU when it was timed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.execution.selection import op_text, point_text, repro_command
+from dskbench.report.tables import pct_of_bound
 from dskbench.results.io import Run
 
 COLUMNS = (
@@ -30,9 +33,10 @@ COLUMNS = (
     "p90_us",
     "gbps",
     "tflops",
-    "pct_of_peak",
+    "pct_of_datasheet",
     "bound",
     "throttled",
+    "shared_gpu",
     "reason",
     "case_id",
     "run_id",
@@ -71,9 +75,10 @@ def _row(rec: dict[str, Any], device: str, settings: dict[str, Any] | None) -> d
         "p90_us": _num(timing.get("p90_us")),
         "gbps": _num(metrics.get("gbps")),
         "tflops": _num(metrics.get("tflops")),
-        "pct_of_peak": _num(metrics.get("pct_of_floor")),
+        "pct_of_datasheet": _num(pct_of_bound(rec)),
         "bound": metrics.get("bound") or "",
         "throttled": "" if throttled is None else str(bool(throttled)).lower(),
+        "shared_gpu": " ".join(str(p) for p in (rec.get("shared_gpu") or {}).get("pids") or []),
         "reason": "" if ok else str(rec.get("reason") or ""),
         "case_id": rec.get("case_id") or rec["kernel"],
         "run_id": rec["run_id"],

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dskbench.analysis.over_peak import OverPeak, over_peak
 from dskbench.report import svg
 from dskbench.report.kernel_view import KernelView, kernel_view, short_case
 from dskbench.report.model import (
@@ -28,12 +29,14 @@ from dskbench.report.model import (
 )
 from dskbench.report.tables import (
     Overview,
+    PeakRow,
     Problem,
     SummaryRow,
-    ceiling_facts,
     environment_facts,
     invalid,
     overview,
+    peak_rows,
+    peaks_note,
     summary,
 )
 from dskbench.report.templating import render_page
@@ -57,7 +60,9 @@ class MachineView:
     machine: Machine
     overview: list[Overview]
     facts: list[tuple[str, str]]
-    ceilings: list[tuple[str, str]]
+    peaks: list[PeakRow]  # datasheet peaks, the measured ceilings beside them
+    peaks_note: str
+    over_peak: list[OverPeak]  # results above a datasheet peak: traffic-model errors
     runs: list[tuple[str, str]]  # (commit, when) of each run, when there are several
     summary: list[SummaryRow]
     kernels: list[KernelView]
@@ -160,7 +165,9 @@ def machine_view(
         machine=m,
         overview=overview(m, categories),
         facts=environment_facts(env),
-        ceilings=ceiling_facts(env.get("ceilings")),  # % of peak is taken against these
+        peaks=peak_rows(env),
+        peaks_note=peaks_note(env),
+        over_peak=over_peak(m.latest.values()),
         runs=runs,
         summary=summary(m, categories),
         kernels=[kernel_view(m, k, categories, colors, hist.get((m.name, k)), threshold) for k in measured],

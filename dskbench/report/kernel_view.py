@@ -189,7 +189,7 @@ def _charts(p: Panel, rows: list[Row], colors: dict[str, str]) -> list[Markup]:
             t = r["timing"]
             fl = flags(r)
             hollow = t.get("converged") is False
-            ring = bool((r.get("clocks") or {}).get("throttled"))
+            ring = bool((r.get("clocks") or {}).get("throttled")) or bool(r.get("shared_gpu"))
             g = gbps(r)
             tip = (
                 f"{backend} · {p.x_var}={r['point'].get(p.x_var)} · {fmt_num(t['median_us'])} µs "
@@ -263,19 +263,19 @@ def _log_ok(xs: list[float]) -> bool:
 
 
 def _bw_ceiling(rows: list[Row]) -> float | None:
-    """The measured bandwidth peak the metrics were computed against (gbps / pct), when recorded."""
+    """The datasheet bandwidth the % was taken against (gbps / pct), when recorded."""
     vals = sorted(r.gbps * 100 / r.pct_bw for r in rows if r.gbps and r.pct_bw and r.pct_bw > 0)
     return vals[len(vals) // 2] if vals else None
 
 
 def _flop_ceiling(rows: list[Row]) -> float | None:
-    """The compute peak the % of compute was taken against (TFLOP/s / pct): measured, else datasheet."""
+    """The datasheet compute rate the % of compute was taken against (TFLOP/s / pct), when recorded."""
     vals = sorted(r.tflops * 100 / r.pct_flops for r in rows if r.tflops and r.pct_flops and r.pct_flops > 0)
     return vals[len(vals) // 2] if vals else None
 
 
 def _peak_label(v: float | None, unit: str) -> str:
-    return f"peak {fmt_num(v)} {unit}" if v else ""
+    return f"datasheet {fmt_num(v)} {unit}" if v else ""
 
 
 def _points(p: Panel, recs: list[dict[str, Any]], status: str) -> dict[str, str]:

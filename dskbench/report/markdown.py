@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 
 from dskbench.analysis.compare import format_number
+from dskbench.analysis.over_peak import over_peak
 from dskbench.report.model import (
     CPU_NOTE,
     History,
@@ -17,13 +18,14 @@ from dskbench.report.model import (
     status_counts,
 )
 from dskbench.report.tables import (
-    ceiling_facts,
     environment_facts,
     fmt_num,
     fmt_pct,
     invalid,
     overview,
     panel_rows,
+    peak_rows,
+    peaks_note,
     problems,
     summary,
 )
@@ -59,9 +61,13 @@ def _machine(m: Machine, categories: Mapping[str, str] | None, threshold: float)
         out += [f"> **{CPU_NOTE}**", ""]
     env = m.newest
     out += table(["", ""], [[f"**{k}**", v] for k, v in environment_facts(env)])
-    ceil = ceiling_facts(env.get("ceilings"))
-    if ceil:
-        out += ["Measured ceilings:", ""] + table(["ceiling", "value"], [[k, v] for k, v in ceil], {1})
+    peaks = peak_rows(env)
+    if peaks:
+        head = ["peak", "datasheet (the % of peak)", "measured ceilings (this run)"]
+        out += table(head, [[p.label, p.datasheet, p.measured] for p in peaks], {1})
+    if note := peaks_note(env):
+        out += [note, ""]
+    out += _over_peak(m)
     if len(m.runs) > 1:
         commits = [str((r.environment.get("git") or {}).get("commit") or "?")[:8] for r in m.runs]
         out += [
@@ -96,6 +102,26 @@ def _machine(m: Machine, categories: Mapping[str, str] | None, threshold: float)
     return out
 
 
+def _over_peak(m: Machine) -> list[str]:
+    """Results above 100% of a datasheet peak: traffic-model errors to fix in their adapters."""
+    found = over_peak(m.latest.values())
+    if not found:
+        return []
+    out = [
+        f"### Above 100% of the datasheet peak ({len(found)} result{'s' if len(found) != 1 else ''})",
+        "",
+        "No kernel beats the datasheet: each of these counts bytes or FLOPs its kernel does not move or "
+        "compute; its adapter's traffic model needs fixing.",
+        "",
+    ]
+    rows = [
+        [o.kernel, o.backend, o.op, o.case_id, o.quantity, f"{fmt_num(o.achieved)} {o.unit}", fmt_pct(o.pct)]
+        for o in found
+    ]
+    head = ["kernel", "backend", "op", "case", "peak", "achieved", "% of datasheet"]
+    return out + table(head, rows, {5, 6})
+
+
 def _overview(m: Machine, categories: Mapping[str, str] | None) -> list[str]:
     """The fastest correct backend per op and decode batch size: backend, median µs, % of peak."""
     out = []
@@ -113,7 +139,7 @@ def _overview(m: Machine, categories: Mapping[str, str] | None) -> list[str]:
                 else:
                     cells.append(f"{c.backend} {fmt_num(c.median)}{pct}")
             rows.append([f"{r.names} {fixed}".strip(), r.kernel, *cells])
-        out += [f"### Fastest correct backend at decode, by {t.x_var} (µs, % of peak)", ""]
+        out += [f"### Fastest correct backend at decode, by {t.x_var} (µs, % of datasheet peak)", ""]
         out += table(["op", "kernel", *xs], rows)
     return out
 
@@ -179,8 +205,8 @@ def _kernel(m: Machine, kernel: str, categories, h: History | None, threshold: f
             "p10–p90",
             "GB/s",
             "TFLOP/s",
-            "% BW",
-            "% compute",
+            "% datasheet BW",
+            "% datasheet compute",
             "notes",
         ]
         body = []
@@ -197,7 +223,9 @@ def _kernel(m: Machine, kernel: str, categories, h: History | None, threshold: f
                     fmt_num(r.tflops) if r.tflops else "–",
                     fmt_pct(r.pct_bw),
                     fmt_pct(r.pct_flops),
-                    "; ".join(("⚠ " if f.startswith("throttled") else "") + f for f in r.flags),
+                    "; ".join(
+                        ("⚠ " if f.startswith(("throttled", "shared GPU")) else "") + f for f in r.flags
+                    ),
                 ]
             )
         off = 1 if multi else 0

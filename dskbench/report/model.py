@@ -16,8 +16,9 @@ from typing import Any
 from dskbench.analysis.compare import natural_key
 from dskbench.analysis.compare_inputs import aggregate, stat_from_record
 from dskbench.analysis.verdict import Stat, judge
+from dskbench.results.access import part_of, rate
 from dskbench.results.io import STATUSES, Run
-from dskbench.results.records import Metrics, part_of, rate
+from dskbench.results.records import Metrics
 
 X_PREFERENCE = ("T", "B", "kv_len", "tp")
 CPU_NOTE = "CPU reference timings (torch references on the CPU; not GPU kernel performance)"
@@ -273,7 +274,8 @@ def history(machine: Machine, kernel: str) -> History | None:
 
 
 def pct_of_peak(metrics: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
-    """(% of bandwidth peak, % of compute peak): measured ceilings preferred over datasheet ones."""
+    """(% of the datasheet bandwidth, % of the datasheet compute rate); None where the GPU has no
+    datasheet entry. The run's measured ceilings are shown beside the datasheet ones, never instead."""
     if not metrics:
         return None, None
     m = Metrics.from_json(metrics)
@@ -301,6 +303,10 @@ def flags(rec: dict[str, Any]) -> list[str]:
         out.append(f"throttled ({reasons})")
     if t and t.converged is False:
         out.append("not converged" + (f" (cv {t.cv:.1%})" if _num(t.cv) else ""))
+    shared = rec.get("shared_gpu")
+    if isinstance(shared, Mapping):
+        pids = ", ".join(str(p) for p in shared.get("pids") or []) or "?"
+        out.append(f"shared GPU (pid {pids})")
     return out
 
 

@@ -265,6 +265,71 @@ def ceiling_facts(ceilings: Any) -> list[tuple[str, str]]:
     return out
 
 
+# (row, datasheet key, measured ceiling key, unit)
+PEAK_ROWS = (
+    ("HBM bandwidth", "hbm_gbps", "bandwidth_gbps", "GB/s"),
+    ("bf16 dense", "bf16_tflops", "bf16_tflops", "TFLOP/s"),
+    ("fp8 dense", "fp8_tflops", "fp8_tflops", "TFLOP/s"),
+    ("fp4 dense", "fp4_tflops", "fp4_tflops", "TFLOP/s"),
+)
+
+
+@dataclass
+class PeakRow:
+    """One peak of a machine: the datasheet figure every % of peak is taken against, and beside it the
+    run's measured ceiling with how it was measured and whether metrics used it."""
+
+    label: str
+    datasheet: str
+    measured: str
+
+
+def machine_peaks(env: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The datasheet peaks of a run: as its environment recorded them, else looked up by device name."""
+    from dskbench.measure.peaks import datasheet_peaks
+
+    if isinstance(env.get("peaks"), Mapping):
+        return dict(env["peaks"])
+    device = env.get("device") or {}
+    return datasheet_peaks(device.get("name")) if device.get("kind") == "cuda" else None
+
+
+def peaks_note(env: Mapping[str, Any]) -> str:
+    """What the machine's % of peak is a percentage of."""
+    if (env.get("device") or {}).get("kind") != "cuda":
+        return ""
+    peaks = machine_peaks(env)
+    if not peaks:
+        return (
+            "No datasheet entry for this GPU: no % of peak (dskbench/data/peaks/datasheet.yaml lists them)."
+        )
+    return f"% of peak is of the datasheet peaks of {peaks.get('name')} ({peaks.get('source', '')})."
+
+
+def peak_rows(env: Mapping[str, Any]) -> list[PeakRow]:
+    """The datasheet peaks with the run's measured ceilings beside them; other measured facts after."""
+    from dskbench.measure.ceilings import usable_ceilings
+
+    peaks = machine_peaks(env) or {}
+    ceilings = env.get("ceilings") if isinstance(env.get("ceilings"), Mapping) else {}
+    measured = dict(ceiling_facts(ceilings))
+    _, unused = usable_ceilings(ceilings)
+    rows, shown = [], set()
+    for label, sheet_key, ceil_key, unit in PEAK_ROWS:
+        sheet, clabel = peaks.get(sheet_key), CEILING_LABELS[ceil_key][0]
+        text = measured.get(clabel)
+        if sheet is None and text is None:
+            continue
+        shown.add(clabel)
+        value = ceilings.get(ceil_key)
+        if text and sheet and isinstance(value, int | float) and not isinstance(value, bool):
+            text += f", {100 * value / sheet:.0f}% of datasheet"
+        if text and ceil_key in unused:
+            text += f" — not used: {unused[ceil_key]}"
+        rows.append(PeakRow(label, f"{fmt_num(sheet)} {unit}" if sheet else "–", text or "–"))
+    return rows + [PeakRow(k, "–", v) for k, v in measured.items() if k not in shown]
+
+
 def _detail_note(d: Mapping[str, Any]) -> str:
     notes = [str(d["op"])] if d.get("op") else []
     if d.get("throttled"):
@@ -321,12 +386,9 @@ class Overview:
 
 
 def pct_of_bound(rec: dict[str, Any]) -> float | None:
-    """% of the peak that bounds the case (bandwidth or compute, by its roofline); else the larger one."""
-    m = rec.get("metrics") or {}
-    v = m.get("pct_of_floor")
-    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    vals = [x for x in pct_of_peak(m) if x is not None]
+    """% of the datasheet peak that bounds the case: the larger of its % of datasheet bandwidth and
+    compute (the roofline's floor over the latency; records of any age carry both)."""
+    vals = [x for x in pct_of_peak(rec.get("metrics")) if x is not None]
     return max(vals) if vals else None
 
 

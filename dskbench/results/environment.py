@@ -134,6 +134,15 @@ def device_block(device: DeviceInfo) -> dict[str, Any]:
     return block
 
 
+def run_peaks(device: DeviceInfo) -> dict[str, Any]:
+    """{"peaks": the datasheet peaks of a GPU run's device} (every % of peak is taken against them);
+    {} on a CPU or a GPU with no datasheet entry."""
+    from dskbench.measure.peaks import datasheet_peaks
+
+    peaks = datasheet_peaks(device.name) if device.kind == "cuda" else None
+    return {"peaks": peaks} if peaks else {}
+
+
 def environment(device: DeviceInfo, no_multicast: bool = False) -> dict[str, Any]:
     """The block of one run; `no_multicast`: dskbench switches NVLink multicast off in its processes."""
     return {

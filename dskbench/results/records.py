@@ -208,13 +208,23 @@ class Metrics(Part):
     gbps: float | None = _always("achieved GB/s (collectives: bus bandwidth)")
     tflops: float | None = _always("achieved TFLOP/s")
     compute: str | None = _always("tensor rate compared with: bf16, fp8, fp4")
-    pct_bw_measured: float | None = _always("% of the run's measured copy bandwidth")
-    pct_compute_measured: float | None = _always("% of the run's measured matmul rate")
-    pct_bw_datasheet: float | None = _always("% of the datasheet HBM bandwidth")
-    pct_compute_datasheet: float | None = _always("% of the datasheet tensor rate")
-    floor_us: float | None = _always("the roofline time: traffic at the ceilings")
+    pct_bw_measured: float | None = _always(
+        "% of the run's measured copy bandwidth (null when that ceiling was throttled or did not converge)"
+    )
+    pct_compute_measured: float | None = _always(
+        "% of the run's measured matmul rate (null when that ceiling was throttled or did not converge)"
+    )
+    pct_bw_datasheet: float | None = _always("% of the datasheet HBM bandwidth: the % of peak")
+    pct_compute_datasheet: float | None = _always("% of the datasheet dense tensor rate: the % of peak")
+    floor_us: float | None = _always("the roofline time: traffic at the peaks (floor_peaks says which)")
     bound: str | None = _always("memory or compute")
     pct_of_floor: float | None = _always("floor_us / median, in %")
+    floor_peaks: str | None = _optional(
+        "the peaks floor_us is taken at: datasheet, measured (no datasheet entry), or datasheet+measured"
+    )
+    ceilings_unused: dict[str, str] | None = _optional(
+        "measured ceilings this record is not compared with, and why (throttled, not converged)"
+    )
     payload_bytes: int | None = _optional("collectives: bytes each rank contributes")
     algbw_gbps: float | None = _optional("collectives: payload / time")
     busbw_gbps: float | None = _optional("collectives: 2(n-1)/n x payload / time")
@@ -222,13 +232,13 @@ class Metrics(Part):
 
     @property
     def pct_bw(self) -> float | None:
-        """% of bandwidth peak: the measured ceiling, else the datasheet."""
-        return _first_finite(self.pct_bw_measured, self.pct_bw_datasheet)
+        """% of bandwidth peak: of the datasheet (a GPU with no datasheet entry has none)."""
+        return _first_finite(self.pct_bw_datasheet)
 
     @property
     def pct_compute(self) -> float | None:
-        """% of compute peak: the measured ceiling, else the datasheet."""
-        return _first_finite(self.pct_compute_measured, self.pct_compute_datasheet)
+        """% of compute peak: of the datasheet (a GPU with no datasheet entry has none)."""
+        return _first_finite(self.pct_compute_datasheet)
 
 
 def _first_finite(*xs: Any) -> float | None:
@@ -303,6 +313,13 @@ class Environment(Part):
     settings: dict[str, Any] | None = _optional("the sweep options")
     command: list[str] | None = _optional("the command line")
     gpus: list[dict[str, Any]] | None = _optional("one entry per GPU of a sharded or collective run")
+    peaks: dict[str, Any] | None = _optional(
+        "the datasheet peaks every % of peak is taken against: name, hbm_gbps, <rate>_tflops, source"
+    )
+    shared_gpu: list[dict[str, Any]] | None = _optional(
+        "at the start, per GPU of the run: state (exclusive, shared, unknown), the other processes on it "
+        "(pid, name, used_mib), mig, mps"
+    )
     extra: Mapping[str, Any] = _extra()
 
     null_keys: frozenset[str] = field(default=frozenset(), compare=False, metadata={"internal": True})
@@ -320,7 +337,9 @@ class Environment(Part):
         env = super().from_json(body)
         return replace(env, null_keys=frozenset(k for k, v in body.items() if v is None and k in env.NULLABLE))
 
-    NULLABLE: ClassVar[tuple[str, ...]] = ("host", "platform", "git", "multicast", "ceilings", "settings", "command", "gpus")
+    NULLABLE: ClassVar[tuple[str, ...]] = (
+        "host", "platform", "git", "multicast", "ceilings", "settings", "command", "gpus", "peaks", "shared_gpu"
+    )  # fmt: skip
 
 
 def _check_kind(d: Mapping[str, Any], kind: str) -> None:
@@ -344,6 +363,7 @@ RESULT_FIELDS = {
     "world": "collectives: processes, one per GPU",
     "ranks": "collectives: each rank's median_us, p10_us, p90_us, method",
     "detail": "collectives: the set-up's note",
+    "shared_gpu": "other processes used the GPU when this case was measured: {pids, names}",
 }
 PARTS = {
     "check": Check,
@@ -381,6 +401,7 @@ class ResultRecord:
     world: int | None = None
     ranks: list[dict[str, Any]] | None = None
     detail: Any = None
+    shared_gpu: dict[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -411,12 +432,12 @@ class ResultRecord:
     @property
     def gbps(self) -> float | None:
         """Achieved GB/s: the recorded metric, else the traffic over the median."""
-        return _rate(self.metrics, self.traffic, self.timing, "gbps")
+        return rate_of(self.metrics, self.traffic, self.timing, "gbps")
 
     @property
     def tflops(self) -> float | None:
         """Achieved TFLOP/s: the recorded metric, else the FLOPs over the median."""
-        return _rate(self.metrics, self.traffic, self.timing, "tflops")
+        return rate_of(self.metrics, self.traffic, self.timing, "tflops")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"record": "result", "schema": SCHEMA, "run_id": self.run_id}
@@ -453,27 +474,11 @@ class ResultRecord:
         return replace(self, **changes)
 
 
-# -- reading parts of a record that may be incomplete (a front end's, a test's) ---------------------------
-
-
-def part_of(rec: Mapping[str, Any], name: str) -> Any:
-    """The typed `name` part (check, traffic, timing, metrics, clocks) of a record's JSON, or None when
-    the record has none (a timing without its median counts as none)."""
-    d = rec.get(name)
-    if not isinstance(d, Mapping) or not d or (name == "timing" and "median_us" not in d):
-        return None
-    return PARTS[name].from_json(d)
-
-
 _RATES = {"gbps": ("bytes", 1e3), "tflops": ("flops", 1e6)}
 
 
-def rate(rec: Mapping[str, Any], metric: str) -> float | None:
-    """`gbps` or `tflops` of a record's JSON: the recorded metric, else the traffic over the median."""
-    return _rate(part_of(rec, "metrics"), part_of(rec, "traffic"), part_of(rec, "timing"), metric)
-
-
-def _rate(metrics: Metrics | None, traffic: Traffic | None, timing: Timing | None, metric: str) -> float | None:
+def rate_of(metrics: Metrics | None, traffic: Traffic | None, timing: Timing | None, metric: str) -> float | None:
+    """A rate: the recorded metric, else the traffic over the median."""
     m = getattr(metrics, metric, None)
     if _finite(m):
         return float(m)

@@ -119,6 +119,11 @@ class Dsv3FusedAGemm(Adapter):
         return (inputs["mat_a"].double() @ inputs["mat_b"].double()).float()
 
     def traffic(self, case: Case) -> Traffic:
+        """FLOPs 2·M·N·K: M is the case's token count, every row a real token (the kernels' tile padding
+        of M is not counted). Bytes: the BF16 weight N·K·2, the activations M·K·2 and the output M·N·2,
+        each once. Both are floors (nothing here is counted that the kernels skip), so a torch.linear
+        result at large M near the dense datasheet rate is cuBLAS doing well, not an overcount: it reads
+        "above 100%" only against a measured ceiling that fell short of the datasheet."""
         m, n, k = mnk(case)
         nbytes = weight_bytes(k, n, "bf16") + 2 * m * k + 2 * m * n
         return Traffic(nbytes, gemm_flops(m, n, k), "BF16 weight")

@@ -167,6 +167,11 @@ class FusedMoeKernel(Adapter):
         return out.sum(dim=1) if fused_sum(case) else out
 
     def traffic(self, case: Case) -> Traffic:
+        """FLOPs 2·T·topk·N·K: one [K] x [K, N] product per routed (token, slot) row, nothing for the
+        rows moe_align_block_size pads each expert's block with (the kernel computes them; they are not
+        work), nothing for experts no token routes to. Bytes: the A rows (T for gate_up, T·topk for
+        down) in BF16, the weights (and block scales) of the experts the routing touches, the output
+        rows (T when the top-k sum is fused in), topk_ids and for down the fp32 routing weights."""
         t, _e, topk, n, k, gate_up = moe_gemm_dims(case)
         fmt = case.dims["weight"]
         a_rows = t if gate_up else t * topk

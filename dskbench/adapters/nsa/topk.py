@@ -226,15 +226,28 @@ class _TopkBase(Adapter):
         return check_topk(out, ref, self.method)
 
     def traffic(self, case: Case) -> Traffic:
-        t, _, _, _ = layout(case)
+        """Minimum bytes of one call; the kernels do no FLOP worth counting.
+
+        A row with at most `topk` valid positions needs no score: its answer is every valid position,
+        written without a read (the kernels take such rows on a separate path that only writes indices).
+        So scores are read only for rows longer than `topk`, each such row's valid section once (fp32).
+        Every row reads its length, and its row start where one is given (an extend); the RAGGED
+        transform reads the row's offset, the PAGED one the query offsets and one page-table entry per
+        chosen position (min(length, topk) of them). Every row writes `topk` int32 indices (-1 padded).
+        """
+        t, reqs, _, _ = layout(case)
         k = int(case.dims["topk"])
-        read = 4 * sum(row_lengths(case)) + 4 * t  # valid scores + lengths (fp32, int32)
-        gather = 4 * t * k if self.method == PAGED else 0  # one page-table entry per chosen index
-        return Traffic(
-            bytes=read + gather + 4 * t * k,
-            note="read each row's valid scores and its length, write topk int32 indices"
-            + ("; gather one page-table entry per index" if gather else ""),
+        lengths = row_lengths(case)
+        scores = 4 * sum(n for n in lengths if n > k)
+        per_row = 1 + (reqs != t) + (self.method == RAGGED)  # length, row start, offset (int32 each)
+        meta = 4 * t * per_row + (4 * (reqs + 1) if self.method == PAGED else 0)
+        gather = 4 * sum(min(n, k) for n in lengths) if self.method == PAGED else 0
+        note = "read the valid scores of rows longer than topk (shorter rows need none), lengths"
+        note += " and row starts" if reqs != t else ""
+        note += {RAGGED: " and offsets", PAGED: "; gather one page-table entry per chosen index"}.get(
+            self.method, ""
         )
+        return Traffic(bytes=scores + meta + gather + 4 * t * k, note=note + "; write topk int32 indices")
 
 
 @register

@@ -104,6 +104,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="switch NVLink multicast (NCCL NVLS, symmetric-memory multicast) off in the workers, e.g. on "
         "GPUs shared with other tenants; recorded in the environment (env DSKBENCH_NO_MULTICAST=1)",
     )
+    run.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="refuse to start (exit 2) while another process uses the GPU(s), as NVML lists them, or when "
+        "NVML cannot tell",
+    )
+    run.add_argument(
+        "--wait-exclusive",
+        type=types.seconds,
+        metavar="S",
+        help="like --exclusive, but first wait up to S seconds for the other processes to leave, saying "
+        "which ones it waits for",
+    )
     types.add_selection(run)
     run.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     run.add_argument(
@@ -179,6 +192,10 @@ def command(args: argparse.Namespace) -> int:
     device, note = common.device_choice(args.device)
     if note:
         print(note, file=sys.stderr)
+    exclusive = args.exclusive or args.wait_exclusive is not None
+    if exclusive and device != "cuda":
+        print("dskbench: --exclusive and --wait-exclusive apply to GPU runs (--device cuda)", file=sys.stderr)
+        return EXIT_USAGE
     gpus = 1
     if args.gpus is not None:
         from dskbench.execution.shard import ShardError, parse_gpus
@@ -230,6 +247,12 @@ def command(args: argparse.Namespace) -> int:
 
             print_shards(items, opts)
         return EXIT_OK
+    if exclusive:
+        from dskbench.execution.shared_gpu import exclusive_problem
+
+        if problem := exclusive_problem(gpus, args.wait_exclusive):
+            print(f"dskbench: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     where = f"{gpus} GPUs" if gpus > 1 else device
     print(
         f"{len(items)} cases on {where} ({opts.profile} sweep {', '.join(opts.phases)}) -> {out}",
@@ -255,7 +278,10 @@ def command(args: argparse.Namespace) -> int:
 
 
 def print_table(out: Path) -> None:
-    """The end-of-run table of this run (the file's last) on stdout."""
+    """The end-of-run table of this run (the file's last) on stdout; results above a datasheet peak (a
+    traffic-model error) named on stderr."""
+    from dskbench.analysis.over_peak import over_peak
+    from dskbench.analysis.over_peak import summary as over_peak_summary
     from dskbench.report.run_table import run_table
     from dskbench.results.io import ResultsError, read_runs
 
@@ -266,3 +292,5 @@ def print_table(out: Path) -> None:
         return
     if runs and (table := run_table(runs[-1].results)):
         print(table)
+    if runs and (line := over_peak_summary(over_peak(runs[-1].results))):
+        print(f"dskbench: warning: {line}", file=sys.stderr)

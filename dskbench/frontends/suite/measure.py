@@ -61,7 +61,7 @@ def measure_kernel(
 
 def case_result(rec: dict[str, Any]) -> dict[str, Any]:
     """One result record as the front ends need it: samples in seconds, bandwidth, FLOPs, why not ok."""
-    from dskbench.results.records import part_of, rate
+    from dskbench.results.access import part_of, rate
 
     timing = dict(rec.get("timing") or {})
     traffic, clocks = part_of(rec, "traffic"), part_of(rec, "clocks")
