@@ -130,7 +130,8 @@ def test_an_impossible_or_missing_batch_measurement_is_timed_alone(monkeypatch):
     from dskbench.adapters.backends import DeviceInfo
     from dskbench.execution import batching
     from dskbench.execution.case import prepare_item
-    from dskbench.execution.items import SweepOptions, WorkItem
+    from dskbench.execution.items import SweepOptions
+    from dskbench.execution.runner import plan_sweep
     from dskbench.measure.settings import Measurement
     from dskbench.shapes.cases import default_shapes
 
@@ -140,16 +141,7 @@ def test_an_impossible_or_missing_batch_measurement_is_timed_alone(monkeypatch):
     opts = SweepOptions(
         device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False
     )
-    case = (
-        default_shapes().cases_for_role("norm", "cpu")[0]
-        if hasattr(default_shapes(), "cases_for_role")
-        else None
-    )
-    if case is None:
-        from dskbench.execution.runner import plan_sweep
-        from tests.test_shard import _entry
-
-        items, _ = plan_sweep({"fake_ok": _entry("fake_ok")}, default_shapes(), ["fake_ok"], ["fake"], opts)
+    items, _ = plan_sweep({"fake_ok": _entry("fake_ok")}, default_shapes(), ["fake_ok"], ["fake"], opts)
     cpu = DeviceInfo("cpu")
     monkeypatch.setattr(batching, "eligible", lambda o, p: True)
     bad = Measurement(
@@ -180,7 +172,7 @@ def test_an_impossible_or_missing_batch_measurement_is_timed_alone(monkeypatch):
     monkeypatch.setattr(batching, "time_prepared", time_prepared)
     b = batching.Batcher(cpu, opts, None)
     for it in items[:2]:
-        base, prep = prepare_item(WorkItem(**{**it.__dict__}), cpu, opts, 1)
+        base, prep = prepare_item(it, cpu, opts, 1)
         assert b.offer(it, base, prep, 0.01)
     got = []
     b.time_all(lambda item, fields: got.append(fields))
