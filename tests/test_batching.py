@@ -134,6 +134,7 @@ def test_an_impossible_or_missing_batch_measurement_is_timed_alone(monkeypatch):
     from dskbench.execution.runner import plan_sweep
     from dskbench.measure.settings import Measurement
     from dskbench.shapes.cases import default_shapes
+    from tests.test_shard import _entry
 
     monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
     import tests.fake_adapters  # noqa: F401
