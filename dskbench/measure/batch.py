@@ -56,19 +56,42 @@ def cupti_available() -> bool:
 
 
 def _profile(queue: Callable[[], None]) -> list[tuple[str, int, int]]:
-    """Device activities (name, start_ns, end_ns) of what `queue` launches, from one profiler session."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    """Device activities (name, start_ns, end_ns) of what `queue` launches, from one profiler session.
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        queue()
-        torch.cuda.synchronize()
+    Through the profiler's low-level switches: torch.profiler.profile turns every event into a Python
+    object on exit, which for the thousands of launches of a chunk cost far more than the chunk itself."""
+    from torch.autograd import DeviceType
+
+    result = _session(queue)
     out = []
-    for e in prof.profiler.kineto_results.events():
+    for e in result.events():
         if e.device_type() == DeviceType.CUDA:
             start = int(e.start_ns())
             out.append((e.name(), start, start + int(e.duration_ns())))
     return out
+
+
+def _session(queue: Callable[[], None]) -> Any:
+    """One CUDA-activity profiler session around `queue` (and a synchronisation): its raw result."""
+    from torch._C._profiler import ProfilerActivity, _ExperimentalConfig
+    from torch.autograd import (
+        ProfilerConfig,
+        ProfilerState,
+        _disable_profiler,
+        _enable_profiler,
+        _prepare_profiler,
+    )
+
+    config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+    activities = {ProfilerActivity.CUDA}
+    _prepare_profiler(config, activities)
+    _enable_profiler(config, activities)
+    try:
+        queue()
+        torch.cuda.synchronize()
+    finally:
+        result = _disable_profiler()
+    return result
 
 
 _flush: dict[tuple[int, int], torch.Tensor] = {}
