@@ -55,6 +55,25 @@ def test_list_shows_every_kernel(capsys):
     assert "cutlass_scaled_fp4_mm" in out and f"{len(load_registry())} kernels" in out
 
 
+def test_list_counts_the_ops_a_kernel_is_measured_at(capsys):
+    """A kernel whose registry entry names no op (BatchAttention) counts the ops its adapter is swept
+    at; one whose registry names ops it has no case of (an FP4 GEMM at BF16 projections) counts those
+    it has cases of: the same ops a dry run plans."""
+    assert cli.main(["list", "--json"]) == 0
+    rows = {r["kernel"]: r for r in json.loads(capsys.readouterr().out)}
+    measured = [r for r in rows.values() if r["adapter"] and r["status"] == "benchmark"]
+    assert measured and [r["kernel"] for r in measured if r["ops"] == 0] == []
+    for kernel in ("BatchAttention", "cutlass_scaled_fp4_mm", "fp4_quantize", "concat_mla_absorb_q"):
+        assert cli.main(["run", "--device", "cpu", "--kernel", kernel, "--sweep", "all", "--dry-run"]) == 0
+        planned = {
+            line.split()[0].split("/")[1].split(":")[0]
+            for line in capsys.readouterr().out.splitlines()
+            if line.endswith("  torch-ref")
+        }
+        assert rows[kernel]["ops"] == len(planned), (kernel, planned)
+    assert rows["BatchAttention"]["ops"] == 1 and rows["cutlass_scaled_fp4_mm"]["ops"] == 4
+
+
 # -- --out and --resume --------------------------------------------------------------------------------------
 
 RMSNORM = ["run", "--device", "cpu", "--kernel", "rmsnorm", "--sweep", "decode"]
