@@ -190,6 +190,27 @@ def test_resume_after_a_killed_write_repairs_the_file_and_reruns_the_lost_case(t
     assert len(second.results) == 1 and len(first.results) + 1 == len(_planned(capsys))
 
 
+def test_case_timeout_and_first_use_allowance_are_recorded_and_repeated_by_repro(tmp_path, capsys):
+    from dskbench.results.io import read_runs
+
+    out = tmp_path / "r.jsonl"
+    limits = ["--case-timeout", "30", "--first-use-allowance", "5"]
+    assert cli.main([*RMSNORM, "--budget", "0.01", "--no-isolate", "--out", str(out), *limits]) == 0
+    (run,) = read_runs([out])
+    settings = run.environment["settings"]
+    assert settings["case_timeout_s"] == 30.0 and settings["first_use_allowance_s"] == 5.0
+    assert all(r["repro"].endswith("--case-timeout 30 --first-use-allowance 5") for r in run.results)
+    plain = tmp_path / "plain.jsonl"
+    assert cli.main([*RMSNORM, "--budget", "0.01", "--no-isolate", "--out", str(plain)]) == 0
+    (run,) = read_runs([plain])
+    assert not any("--case-timeout" in r["repro"] or "--first-use" in r["repro"] for r in run.results)
+    capsys.readouterr()
+    assert cli.main([*RMSNORM, "--first-use-allowance", "-1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --first-use-allowance: expected a number of seconds >= 0, got '-1'" in err
+    assert err.count("\n") == 1
+
+
 # -- bad input: one line on stderr naming the file, key or value; exit 2; no traceback ------------
 
 SHAPES_TEXT = paths.SHAPES_FILE.read_text()

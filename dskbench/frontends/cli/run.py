@@ -74,13 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run in this process (debugging: no crash isolation, no hang watch)",
     )
-    run.add_argument(
-        "--case-timeout",
-        type=types.case_timeout,
-        metavar="S",
-        help="kill a case's worker after S seconds without its result, plus 120 s on a kernel's first use "
-        "(0 = never; default: scaled from the case's expected time; env DSKBENCH_CASE_TIMEOUT_S)",
-    )
+    types.add_limits(run, "a case")
     run.add_argument(
         "--gpus",
         type=types.gpus,
@@ -144,6 +138,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         gpus=gpus,
         costs_from=tuple(str(p) for p in args.costs_from or ()),
         case_timeout_s=args.case_timeout,
+        first_use_allowance_s=args.first_use_allowance,
         no_multicast=args.no_multicast or no_multicast_asked(),
     )
     return RunConfig(
