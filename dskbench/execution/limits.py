@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from dskbench.execution.items import WorkItem
 
 CASE_TIMEOUT_ENV = "DSKBENCH_CASE_TIMEOUT_S"  # seconds; 0 disables
+CASE_TIMED_OUT = "timed out: no result within"  # how the reason of a case killed at its limit begins
 FLOOR_S = 60.0
 FACTOR = 10.0
 FIRST_USE_S = 120.0

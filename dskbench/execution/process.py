@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dskbench.execution.items import WorkItem
-from dskbench.execution.limits import CaseLimits
+from dskbench.execution.limits import CASE_TIMED_OUT, CaseLimits
 
 POLL_S = 0.2  # how often a waiting parent looks at the clock and the stop flag
 BUILD_GRACE_S = 900.0  # past its limit, a case may go on this long while its worker runs compilers
@@ -282,7 +282,7 @@ class WorkerProcess:
     def _timed_out(self, current: int | None, limit: float) -> str:
         if current is None:
             return f"timed out: the worker gave no sign of life within {limit:.0f} s and was killed"
-        return f"timed out: no result within {limit:.0f} s ({self.limits.describe()}); the worker was killed"
+        return f"{CASE_TIMED_OUT} {limit:.0f} s ({self.limits.describe()}); the worker was killed"
 
 
 def _pump(stream, lines: queue.Queue) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -235,13 +236,14 @@ def command(args: argparse.Namespace) -> int:
         return 143 if isinstance(e, Terminated) else 130
     finally:
         progress.close()
-    print_table(out)
-    print(summary.line())
-    return EXIT_FAIL if summary.counts["wrong"] or summary.counts["error"] else EXIT_OK
+    return finish(out, summary.line(), opts.device, summary.counts)
 
 
-def print_table(out: Path) -> None:
-    """The end-of-run table of this run (the file's last) on stdout."""
+def finish(out: Path, summary_line: str, device: str, counts: Mapping[str, int]) -> int:
+    """End a run's output (stdout): the table of this run (the file's last), the summary line, then the
+    cases that were not ok, one line each, what fails the run last. The exit status: 1 when a case is
+    wrong or in error, a CPU reference run's time-outs excepted (dskbench.execution.outcome)."""
+    from dskbench.execution.outcome import expected_timeout, failing, not_ok_lines
     from dskbench.report.run_table import run_table
     from dskbench.results.io import ResultsError, read_runs
 
@@ -249,6 +251,17 @@ def print_table(out: Path) -> None:
         runs = read_runs([out])
     except ResultsError as e:
         print(f"dskbench: no end-of-run table: {e}", file=sys.stderr)
-        return
-    if runs and (table := run_table(runs[-1].results)):
+        print(summary_line)
+        return EXIT_FAIL if counts.get("wrong") or counts.get("error") else EXIT_OK
+    results = runs[-1].results if runs else []
+    if table := run_table(results):
         print(table)
+    print(summary_line)
+    if timeouts := sum(1 for r in results if expected_timeout(r, device)):
+        print(
+            f"{timeouts} case{'s' if timeouts != 1 else ''} ran past the time limit: expected on a CPU "
+            "reference run, not a failure (--case-timeout S gives them longer)"
+        )
+    for line in not_ok_lines(results, device):
+        print(line)
+    return EXIT_FAIL if failing(results, device) else EXIT_OK
