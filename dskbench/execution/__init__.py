@@ -13,4 +13,5 @@ process kills and recorder.
     process.py  one watched worker process and its protocol; hung, crashed, poisoned cases lost alone
     pool.py     slots (GPUs, build jobs) running units of items through watched workers
     sweep.py    the results file, the environment record, the recorder, the run
+    outcome.py  which records fail a run (not a CPU reference run's time-outs), the lines it ends with
 """
