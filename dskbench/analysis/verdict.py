@@ -16,10 +16,11 @@ The verdict is ``slower`` only when all of these hold:
    p < 0.001 (the within-run test stays as a second condition, never the only one).
 
 Mirrored for ``faster``. Beyond the threshold but failing 2 or 3 is ``~slower``/``~faster``, never a
-failure. Beyond the threshold with no floor to judge it by (a device the prior was not measured on, one
-run per side) is ``not judged``, never a failure. Status changes: ok -> wrong/error is ``broke`` (a regression), the reverse ``fixed``;
-ok -> skipped ``now skipped``, skipped -> wrong/error ``now failing``, skipped -> ok ``now measured``
-(shown, not failing: a skip is decided by the machine or the install).
+failure; beyond it with no floor to judge it by (a device the prior was not measured on, one run per
+side) is ``not judged``, never a failure. Status changes: ok -> wrong/error is ``broke`` (a
+regression), the reverse ``fixed``; ok -> skipped ``now skipped``, skipped -> wrong/error ``now
+failing``, skipped -> ok ``now measured`` (shown, not failing: a skip is decided by the machine or the
+install).
 """
 
 from __future__ import annotations
