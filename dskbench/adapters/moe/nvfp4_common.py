@@ -23,8 +23,8 @@ from dskbench.shapes.cases import Case
 # routed expert, seconds a call on a CPU, and a timed case calls it four times (reference, first launch,
 # warm-up, a sample), which ran past the case limit on a two-core box.
 CPU_TOO_SLOW = (
-    "too slow for a CPU reference run: the fp32 reference decodes the NVFP4 weights of each expert the "
-    "tokens route to (seconds a call on a CPU); measured on a GPU"
+    "too slow for a CPU reference run: measured on a GPU (the fp32 reference decodes the NVFP4 weights "
+    "of each expert the tokens route to, seconds a call on a CPU)"
 )
 
 
