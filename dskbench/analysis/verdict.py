@@ -166,7 +166,7 @@ def judge(
     if abs(worse) <= threshold:
         return Verdict("same", change, shift, statistic, floor, note="; ".join(notes))
     if floor is None:
-        why = "no noise floor: no prior of this device and one run per side (give two or more, or --history)"
+        why = "no noise floor: a device without a prior, one run per side"
         return Verdict(NOT_JUDGED, change, shift, statistic, None, note="; ".join([why, *notes]))
     direction = "slower" if worse > 0 else "faster"
     worse_shift = -shift if new.higher_is_better else shift
