@@ -55,6 +55,25 @@ def test_list_shows_every_kernel(capsys):
     assert "cutlass_scaled_fp4_mm" in out and f"{len(load_registry())} kernels" in out
 
 
+def test_list_counts_the_ops_a_kernel_is_measured_at(capsys):
+    """A kernel whose registry entry names no op (BatchAttention) counts the ops its adapter is swept
+    at; one whose registry names ops it has no case of (an FP4 GEMM at BF16 projections) counts those
+    it has cases of: the same ops a dry run plans."""
+    assert cli.main(["list", "--json"]) == 0
+    rows = {r["kernel"]: r for r in json.loads(capsys.readouterr().out)}
+    measured = [r for r in rows.values() if r["adapter"] and r["status"] == "benchmark"]
+    assert measured and [r["kernel"] for r in measured if r["ops"] == 0] == []
+    for kernel in ("BatchAttention", "cutlass_scaled_fp4_mm", "fp4_quantize", "concat_mla_absorb_q"):
+        assert cli.main(["run", "--device", "cpu", "--kernel", kernel, "--sweep", "all", "--dry-run"]) == 0
+        planned = {
+            line.split()[0].split("/")[1].split(":")[0]
+            for line in capsys.readouterr().out.splitlines()
+            if line.endswith("  torch-ref")
+        }
+        assert rows[kernel]["ops"] == len(planned), (kernel, planned)
+    assert rows["BatchAttention"]["ops"] == 1 and rows["cutlass_scaled_fp4_mm"]["ops"] == 4
+
+
 # -- --out and --resume --------------------------------------------------------------------------------------
 
 RMSNORM = ["run", "--device", "cpu", "--kernel", "rmsnorm", "--sweep", "decode"]
@@ -169,6 +188,27 @@ def test_resume_after_a_killed_write_repairs_the_file_and_reruns_the_lost_case(t
     assert all(json.loads(line) for line in lines)  # every line whole: report, compare, pick read it
     first, second = read_runs([out])
     assert len(second.results) == 1 and len(first.results) + 1 == len(_planned(capsys))
+
+
+def test_case_timeout_and_first_use_allowance_are_recorded_and_repeated_by_repro(tmp_path, capsys):
+    from dskbench.results.io import read_runs
+
+    out = tmp_path / "r.jsonl"
+    limits = ["--case-timeout", "30", "--first-use-allowance", "5"]
+    assert cli.main([*RMSNORM, "--budget", "0.01", "--no-isolate", "--out", str(out), *limits]) == 0
+    (run,) = read_runs([out])
+    settings = run.environment["settings"]
+    assert settings["case_timeout_s"] == 30.0 and settings["first_use_allowance_s"] == 5.0
+    assert all(r["repro"].endswith("--case-timeout 30 --first-use-allowance 5") for r in run.results)
+    plain = tmp_path / "plain.jsonl"
+    assert cli.main([*RMSNORM, "--budget", "0.01", "--no-isolate", "--out", str(plain)]) == 0
+    (run,) = read_runs([plain])
+    assert not any("--case-timeout" in r["repro"] or "--first-use" in r["repro"] for r in run.results)
+    capsys.readouterr()
+    assert cli.main([*RMSNORM, "--first-use-allowance", "-1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --first-use-allowance: expected a number of seconds >= 0, got '-1'" in err
+    assert err.count("\n") == 1
 
 
 # -- bad input: one line on stderr naming the file, key or value; exit 2; no traceback ------------

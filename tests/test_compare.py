@@ -423,6 +423,53 @@ def test_unchanged_h200_sweeps_give_no_regression(capsys):
     assert "724 twin rows not counted again" in summary and " slower" not in summary.replace("~slower", "")
 
 
+# -- a device the prior was not measured on ---------------------------------------------------------------
+
+
+def test_a_prior_covers_only_the_device_it_was_measured_on():
+    assert PRIOR.covers("NVIDIA H200") and PRIOR.covers("H200") and PRIOR.covers("nvidia  h200")
+    assert not PRIOR.covers("CPU vm") and not PRIOR.covers("NVIDIA H100 80GB HBM3")
+    assert Prior(PRIOR.bands, 0.03).covers("CPU vm")  # a prior naming no device: the caller's choice
+
+
+def test_without_a_prior_of_its_own_a_case_needs_its_own_history():
+    assert floor_for(2.0, "p10", PRIOR, own_prior=False) is None  # one run per side: no floor at all
+    own = floor_for(20.0, "p10", PRIOR, history=[[20.0, 20.2], [20.0, 20.2]], own_prior=False)
+    assert own.source == "history" and "no band prior" in own.detail
+    assert own.rel == pytest.approx(3.29 * 0.01 / 2**0.5 * 2**0.5)  # steps of 1%, one run a side
+    v = judge(ok(10.0), ok(13.0), prior=PRIOR, own_prior=False)
+    assert v.verdict == "not judged" and not v.is_regression and v.floor is None
+    assert "one run per side" in v.note and v.change == pytest.approx(0.3)
+    assert judge(ok(10.0), ok(10.2), prior=PRIOR, own_prior=False).verdict == "same"  # inside the threshold
+    assert judge(ok(10.0), Stat(status="error", reason="boom"), own_prior=False).verdict == "broke"
+
+
+def test_cli_two_unchanged_cpu_runs_call_no_regression_from_a_gpu_prior(tmp_path: Path, capsys):
+    """CPU reference timings move by tens of percent between runs; the shipped H200 prior says nothing
+    about that: one run per side, every change beyond the threshold is 'not judged', exit 0."""
+    cases = {f"k/op/decode/T={t}": 100.0 * t for t in (1, 2, 4, 8)}
+    moved = {c: v * (1.3 if i % 2 else 0.8) for i, (c, v) in enumerate(cases.items())}
+    old = write_runs([run("o", cases, gpu="CPU vm")], tmp_path / "old.jsonl")
+    new = write_runs([run("n", moved, gpu="CPU vm")], tmp_path / "new.jsonl")
+    assert cli_main(["compare", str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "noise floors on CPU vm: the band prior was measured on NVIDIA H200, not on this device" in out
+    assert "give two or more runs per side (OLD1 OLD2 -- NEW1 NEW2) or --history" in out
+    assert "one run per side, so each case's floor is the band prior" not in out
+    assert out.strip().splitlines()[-1].endswith("4 not judged")
+    assert " slower" not in out and " faster" not in out
+    # two runs a side: each case's own spread decides, and a real slowdown is called
+    more = [
+        write_runs([run(f"r{i}", vals, gpu="CPU vm", created=f"2026-01-0{i + 1}T00:00:00+00:00")], tmp_path / f"r{i}.jsonl")
+        for i, vals in enumerate((cases, {c: v * 1.01 for c, v in cases.items()}, {**cases, "k/op/decode/T=1": 150.0},
+                                  {**{c: v * 1.01 for c, v in cases.items()}, "k/op/decode/T=1": 151.5}))
+    ]  # fmt: skip
+    assert cli_main(["compare", str(more[0]), str(more[1]), "--", str(more[2]), str(more[3])]) == 1
+    out = capsys.readouterr().out
+    assert "each case's floor is its own run-to-run spread" in out
+    assert re.search(r"op/decode/T=1\s+b\s.*slower", out) and "1 slower" in out.splitlines()[-1]
+
+
 # -- asv results -----------------------------------------------------------------------------------------
 
 

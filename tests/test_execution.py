@@ -27,9 +27,16 @@ from dskbench.execution import case as case_mod  # noqa: E402
 from dskbench.execution import pool as pool_mod  # noqa: E402
 from dskbench.execution import warm  # noqa: E402
 from dskbench.execution.items import SweepOptions  # noqa: E402
-from dskbench.execution.limits import FIRST_USE_S, FLOOR_S, CaseLimits, LimitError, timeout_from_env  # noqa: E402
+from dskbench.execution.limits import (  # noqa: E402
+    FIRST_USE_S,
+    FLOOR_S,
+    CaseLimits,
+    LimitError,
+    first_use_allowance,
+    timeout_from_env,
+)
 from dskbench.execution.process import death_reason, last_words  # noqa: E402
-from dskbench.execution.runner import plan_sweep, run_sweep  # noqa: E402
+from dskbench.execution.runner import case_limits, plan_sweep, run_sweep  # noqa: E402
 from dskbench.results.io import read_runs  # noqa: E402
 from dskbench.shapes.cases import default_shapes  # noqa: E402
 from tests.fake_shard_adapters import HANG_DIR_ENV, hang_marker  # noqa: E402
@@ -117,10 +124,26 @@ def test_limits_scale_with_the_expected_time_and_leave_room_for_a_first_build():
     assert limits.for_item(30.0, first_use=False) == 300.0
     assert limits.for_item(0.1, first_use=True) == FLOOR_S + FIRST_USE_S
     assert CaseLimits(expected_s=lambda it: 1 / 0).for_item(1, False) == FLOOR_S  # a broken estimate
-    flat = CaseLimits(expected_s=lambda it: 1e6, flat_s=30.0)
-    assert flat.for_item(0, False) == 30.0 and not flat.off
-    assert flat.for_item(0, True) == 30.0 + FIRST_USE_S  # in-process JIT (CuTe DSL, Triton) on a first use
     assert CaseLimits(flat_s=0.0).off
+    assert limits.describe() == "max(60 s, 10 x expected) per case, +120 s for a first use"
+
+
+def test_a_flat_case_timeout_means_what_it_says_unless_a_first_use_allowance_is_asked():
+    """--case-timeout 30 kills a hung first case at 30 s, not 150 s; --first-use-allowance adds its
+    seconds to the first case only, and is the run's own (scaled limits keep 120 s by default)."""
+    assert first_use_allowance(None, None) == FIRST_USE_S
+    assert first_use_allowance(30.0, None) == 0.0
+    assert first_use_allowance(30.0, 45.0) == 45.0 and first_use_allowance(None, 0.0) == 0.0
+    flat = CaseLimits(expected_s=lambda it: 1e6, flat_s=30.0, first_use_s=first_use_allowance(30.0, None))
+    assert flat.for_item(0, False) == 30.0 and flat.for_item(0, True) == 30.0 and not flat.off
+    assert flat.describe() == "30 s per case"
+    given = CaseLimits(flat_s=30.0, first_use_s=first_use_allowance(30.0, 45.0))
+    assert given.for_item(0, True) == 75.0 and given.for_item(0, False) == 30.0
+    assert given.describe() == "30 s per case, +45 s for a first use"
+    opts = _opts(case_timeout_s=30.0)
+    assert case_limits(opts, DeviceInfo("cpu")).for_item(None, True) == 30.0
+    opts = _opts(case_timeout_s=30.0, first_use_allowance_s=10.0)
+    assert case_limits(opts, DeviceInfo("cpu")).for_item(None, True) == 40.0
     assert timeout_from_env({"DSKBENCH_CASE_TIMEOUT_S": "45"}) == 45.0
     assert timeout_from_env({}) is None
     for bad in ("soon", "-1", "nan", "inf"):

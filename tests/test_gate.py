@@ -20,9 +20,19 @@ H100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 90, 1, 80 * GIB)
 class FakeAdapter:
     kernel = "fake_gate"
 
-    def __init__(self, nbytes: int = 1 << 20, skip: str | None = None, gpus: int = 1, applies: bool = True):
-        self.nbytes, self.skip, self.gpus, self.apply = nbytes, skip, gpus, applies
+    def __init__(
+        self,
+        nbytes: int = 1 << 20,
+        skip: str | None = None,
+        gpus: int = 1,
+        applies: bool = True,
+        cpu_skip: str | None = None,
+    ):
+        self.nbytes, self.skip, self.gpus, self.apply, self.cpu_skip = nbytes, skip, gpus, applies, cpu_skip
         self.traffic_asked = 0
+
+    def cpu_skip_reason(self, case):
+        return self.cpu_skip
 
     def applies(self, case):
         return self.apply
@@ -57,6 +67,41 @@ def test_reasons_come_in_order_first_wins():
         "backend says no"
     )
     assert why_not(FakeAdapter(gpus=8), _backend(), CASE, H100) == "needs 8 GPUs (found 1)"
+
+
+def test_a_reference_too_slow_for_a_cpu_is_skipped_on_a_cpu_only():
+    slow = FakeAdapter(cpu_skip="too slow for a CPU reference run")
+    assert why_not(slow, _backend(CPU_OK), CASE, DeviceInfo("cpu")) == "too slow for a CPU reference run"
+    assert why_not(slow, _backend(), CASE, H100) is None
+    both = FakeAdapter(skip="adapter says no", cpu_skip="too slow")
+    assert why_not(both, _backend(CPU_OK), CASE, DeviceInfo("cpu")) == "adapter says no"
+
+
+def test_the_nvfp4_routed_experts_are_skipped_by_a_cpu_reference_run():
+    """Their fp32 oracle decodes NVFP4 weights expert by expert, seconds a call: on a CPU run they are
+    recorded skipped with why; on a GPU they run; the BF16/FP8 MoE references still run on a CPU."""
+    from dskbench.adapters import get_adapter
+    from dskbench.shapes.cases import default_shapes
+
+    shapes, cpu = default_shapes(), DeviceInfo("cpu")
+    b200 = DeviceInfo("cuda", "NVIDIA B200", 100, 1, 180 * GIB)
+    for kernel in ("cutlass_fp4_group_mm", "trtllm_fp4_block_scale_moe", "cutlass_fused_moe"):
+        a = get_adapter(kernel)
+        ref = a.reference_backend()
+        cases = [
+            c
+            for phase in ("decode", "prefill")
+            for c in shapes.cases(kernel, list(a.ops), a.role, phase, "cpu", [1])
+            if applicable(a, c)
+        ]
+        nvfp4 = [c for c in cases if c.dims.get("weight") == "nvfp4"]
+        assert nvfp4, kernel
+        for c in nvfp4:
+            assert why_not(a, ref, c, cpu).startswith("too slow for a CPU reference run"), c.id
+            assert why_not(a, ref, c, b200) is None
+        for c in cases:
+            if c.dims.get("weight") != "nvfp4":
+                assert why_not(a, ref, c, cpu) is None, c.id
 
 
 def test_memory_is_checked_at_planning_against_the_gpus_total():

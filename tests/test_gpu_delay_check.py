@@ -67,7 +67,9 @@ def test_gpu_delay_check_runs_end_to_end_on_the_cpu(tmp_path: Path):
     assert [r["threshold"] for r in doc["results"]] == [0.05, 0.0]
     for res in doc["results"]:
         assert {r["case_id"] for r in res["delayed"]} == delayed
-        assert all(r["verdict"] in ("slower", "~slower", "same", "~faster", "faster") for r in res["delayed"])
+        # a CPU has no noise prior of its own: one run per side leaves a change beyond the threshold unjudged
+        verdicts = ("slower", "~slower", "same", "~faster", "faster", "not judged")
+        assert all(r["verdict"] in verdicts for r in res["delayed"])
         assert res["controls"] >= len(delayed) - 1
     summary = (out / "summary.txt").read_text()
     assert f"delays bound in the measuring process: {len(delayed)} of {len(delayed)} cases" in summary

@@ -153,7 +153,18 @@ def test_a_wrong_case_exits_1_from_the_isolated_command(tmp_path):
     env = {**_env(), "DSKBENCH_EXTRA_ADAPTERS": "tests.fake_adapters"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr
-    assert f"wrong {N}" in proc.stdout.splitlines()[-1] and "Traceback" not in proc.stderr
+    lines = proc.stdout.splitlines()
+    summary = next(i for i, line in enumerate(lines) if " cases: ok " in line)
+    assert f"wrong {N}" in lines[summary] and "Traceback" not in proc.stderr and len(lines) == summary + 2 + N
+    assert (
+        lines[summary + 1 :]
+        == [f"not ok ({N} wrong):"]
+        + [  # the output ends with the wrong cases
+            line
+            for line in lines[summary + 2 :]
+            if line.startswith("  wrong    fake_wrong · fake  input_layernorm")
+        ]
+    )
 
 
 def test_progress_on_a_terminal_shows_rate_and_eta():

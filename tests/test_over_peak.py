@@ -134,10 +134,10 @@ def test_report_shows_no_over_peak_section_when_none(tmp_path: Path):
 
 
 def test_end_of_run_names_results_above_the_datasheet(tmp_path: Path, capsys):
-    from dskbench.frontends.cli.run import print_table
+    from dskbench.frontends.cli.run import finish
 
     out = write_runs([_run_with_an_impossible_record()], tmp_path / "r.jsonl")
-    print_table(out)
+    finish(out, "summary", "cuda", {})
     err = capsys.readouterr().err
     assert err.startswith("dskbench: warning: 1 result(s) above 100% of the datasheet peak")
     assert "fast_topk_transform_ragged_fused · sgl_kernel · nsa_backend.forward_extend" in err

@@ -144,6 +144,12 @@ def scenario() -> list[dict]:
     return out
 
 
+def deployed() -> list[dict]:
+    """Records of a candidate of the real deployment file's rows, which the command line's picks read
+    (scenario's kernels are the synthetic deployment's only)."""
+    return [rec("fused_add_rmsnorm", "input_layernorm", "sgl_kernel", b, 2.0) for b in (1, 4, 16)]
+
+
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory):
     p = tmp_path_factory.mktemp("dep") / "deployment.yaml"
@@ -346,7 +352,7 @@ def test_complete_step_is_a_bare_total(tmp_path):
 def test_cli_pick_writes_files_and_rejects_bad_input(tmp_path, capsys):
     from tests.fake_results import write_runs
 
-    f = write_runs([run_of(scenario())], tmp_path / "r.jsonl")
+    f = write_runs([run_of(scenario() + deployed())], tmp_path / "r.jsonl")
     out = tmp_path / "out"
     assert cli_pick([f], "decode", [1, 16], 1, out) == 0
     summary = capsys.readouterr().out
@@ -359,6 +365,36 @@ def test_cli_pick_writes_files_and_rejects_bad_input(tmp_path, capsys):
     assert cli_pick([two], None, None, 1, None) == 2
     assert "several devices" in capsys.readouterr().err
     assert load_runs([two], device="NVIDIA B200")[1] == "NVIDIA B200"
+
+
+def test_cli_pick_with_no_candidate_measured_says_so_in_one_line(tmp_path, capsys):
+    """CPU reference timings (torch-ref only), or results of no candidate at the asked points: one line,
+    exit 2, no table and no launch command, nothing written."""
+    from tests.fake_results import write_runs
+
+    env = environment_record(
+        "c1", created="2026-01-01", device={"kind": "cpu", "name": "CPU box"}, versions={}
+    )
+    cpu = [rec("fused_add_rmsnorm", "input_layernorm", "torch-ref", b, 90.0) for b in (1, 16)]
+    cpu_file = write_runs([Run(env, [dict(r, run_id="c1") for r in cpu])], tmp_path / "cpu.jsonl")
+    fakes = write_runs([run_of(scenario())], tmp_path / "fakes.jsonl")
+    real = write_runs([run_of(deployed())], tmp_path / "real.jsonl")
+    for f, batch, says in (
+        (cpu_file, None, "torch reference timings only (a CPU run)"),
+        (
+            fakes,
+            [1],
+            "no candidate backend of the deployment is measured in the results (tp 1, decode, batch 1)",
+        ),
+        (real, [2], "(tp 1, decode, batch 2)"),
+    ):
+        out = tmp_path / f"out-{f.stem}"
+        assert cli_pick([f], "decode", batch, 1, out) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and not out.exists()
+        assert cap.err.count("\n") == 1 and cap.err.startswith("dskbench pick: ") and says in cap.err, cap.err
+    assert cli_pick([real], "decode", [1], 1, None) == 0  # a candidate measured: the pick and its command
+    assert "python -m sglang.launch_server" in capsys.readouterr().out
 
 
 LAUNCH = "python -m sglang.launch_server --model-path nvidia/DeepSeek-R1-NVFP4-v2"
@@ -396,12 +432,13 @@ def test_launch_command_in_every_output(dep):
 def test_cli_pick_with_out_prints_a_short_summary(tmp_path, capsys):
     from tests.fake_results import write_runs
 
-    f = write_runs([run_of(scenario())], tmp_path / "r.jsonl")
+    f = write_runs([run_of(scenario() + deployed())], tmp_path / "r.jsonl")
     out = tmp_path / "out"
     assert cli_pick([f], "decode", [1, 16], 1, out) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Backend pick: NVIDIA H200, tp=1"
-    expect = pick([run_of(scenario())], "NVIDIA H200", phases=["decode"], batches=[1, 16])  # the real file
+    recs = scenario() + deployed()
+    expect = pick([run_of(recs)], "NVIDIA H200", phases=["decode"], batches=[1, 16])  # the real file
     assert lines[2:4] == ["Launch command:", f"  {expect.launch.command}"]
     assert expect.launch.command.startswith(f"{LAUNCH} --tp 1")
     assert "Step estimate, decode (µs; 3 dense + 58 MoE layers + per step):" in lines
@@ -420,7 +457,7 @@ def test_cli_pick_with_out_prints_a_short_summary(tmp_path, capsys):
 def test_cli_pick_refuses_a_tp_the_results_do_not_hold(tmp_path, capsys):
     from tests.fake_results import write_runs
 
-    f = write_runs([run_of(scenario())], tmp_path / "r.jsonl")
+    f = write_runs([run_of(scenario() + deployed())], tmp_path / "r.jsonl")
     assert cli_pick([f], "decode", [1], 4, None) == 2
     cap = capsys.readouterr()
     assert cap.out == ""
@@ -428,9 +465,7 @@ def test_cli_pick_refuses_a_tp_the_results_do_not_hold(tmp_path, capsys):
     assert err == ["dskbench pick: --tp 4: no measurement at tp 4 in the results (they hold tp 1, 8); "
                    "measure it with `dskbench run --tp 4`"]  # fmt: skip
     assert cli_pick([f], "decode", [1], 8, None) == 0  # tp 8 is held (act_fn)
-    only_tp_free = write_runs(
-        [run_of([rec("normk", "input_layernorm", "b_ok", 1, 2.0)])], tmp_path / "n.jsonl"
-    )
+    only_tp_free = write_runs([run_of(deployed()[:1])], tmp_path / "n.jsonl")
     assert cli_pick([only_tp_free], "decode", [1], 8, None) == 0  # nothing depends on tp: no refusal
 
 
@@ -668,7 +703,7 @@ def test_pick_at_tp_8_on_results_with_tp_8_data(tmp_path, capsys):
     of the tp-dependent rows and the tp-free rows alike."""
     from tests.fake_results import write_runs
 
-    recs = [r for r in scenario() if not (r["op"] == "act_fn" and r["point"].get("tp") == 1)]
+    recs = [r for r in scenario() + deployed() if not (r["op"] == "act_fn" and r["point"].get("tp") == 1)]
     recs += [rec("ark", "all_reduce", "custom", b, 6.0, tp=8) for b in (1, 16)]
     f = write_runs([run_of(recs)], tmp_path / "tp8.jsonl")
     assert cli_pick([f], "decode", [1], 8, tmp_path / "out") == 0

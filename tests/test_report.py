@@ -436,3 +436,56 @@ def test_templates_ship_as_package_data():
     assert {"templates/base.html.j2", "templates/style.css", "templates/pick.html.j2"} <= set(files)
     assert [f for f in files if not any(fnmatch(f, p) for p in patterns)] == []
     assert any(d.startswith("jinja2") for d in pyproject["project"]["dependencies"])
+
+
+# -- the command: its default folder and its one-line refusals -------------------------------------------
+
+
+def test_report_command_defaults_to_the_main_jobs_folder_name(tmp_path: Path, monkeypatch, capsys):
+    """`dskbench report results/run-STAMP.jsonl` writes out/report-STAMP, the folder the main job writes
+    for that file; another name keeps its stem."""
+    from fake_results import write_runs
+
+    from dskbench.frontends import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    src = write_runs(fake_runs()[:1], tmp_path / "results" / "run-20270101T000000Z.jsonl")
+    assert cli.main(["report", str(src)]) == 0
+    written = capsys.readouterr().out.split()
+    assert written == [f"out/report-20270101T000000Z/{n}" for n in ("index.html", "report.md", "results.csv")]
+    assert all((tmp_path / p).is_file() for p in written)
+    other = write_runs(fake_runs()[:1], tmp_path / "sweep-a.jsonl")
+    assert cli.main(["report", str(other)]) == 0
+    assert capsys.readouterr().out.split()[0] == "out/report-sweep-a/index.html"
+
+
+def test_report_command_refuses_empty_input_and_a_file_as_out(tmp_path: Path, capsys):
+    from fake_results import write_runs
+
+    from dskbench.frontends import cli
+    from dskbench.results.io import environment_record
+
+    def one_line(argv: list[str], *parts: str) -> None:
+        assert cli.main(argv) == 2
+        captured = capsys.readouterr()
+        err = captured.err
+        assert err.count("\n") == 1 and err.startswith("dskbench report: ") and "Traceback" not in err, err
+        assert all(p in err for p in parts), err
+        assert captured.out == ""
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    one_line(["report", str(empty), "--out", str(tmp_path / "r1")], "no result records in", "empty.jsonl")
+    env_only = tmp_path / "env-only.jsonl"
+    env = environment_record("r0", created="2027-01-01T00:00:00+00:00", device={"kind": "cpu"}, versions={})
+    write_runs([Run(env)], env_only)
+    one_line(["report", str(env_only), "--out", str(tmp_path / "r2")], "no result records in")
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+    src = write_runs(fake_runs()[:1], tmp_path / "a.jsonl")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me\n")
+    one_line(["report", str(src), "--out", str(a_file)], f"--out {a_file}: is a file")
+    assert a_file.read_text() == "keep me\n"
+    one_line(["report", str(src), "--out", str(a_file / "sub")], "cannot write the report into")
+    one_line(["report", str(tmp_path / "nope.jsonl")], "nope.jsonl")

@@ -361,3 +361,32 @@ def test_stage_times_and_their_record():
     for bad in (["setup"], ["jit=3"], ["setup=-1"]):
         with pytest.raises(ValueError):
             mainjob.stage_times(bad)
+
+
+def test_run_outputs_under_results_are_ignored_and_the_evidence_folders_are_not():
+    """A run leaves `git status` clean (its results, asv's and pytest-benchmark's outputs, the report),
+    while a folder of committed evidence under results/ stays visible to git."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a checkout")
+
+    def ignored(path: str) -> bool:
+        got = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, check=False)
+        assert got.returncode in (0, 1), path
+        return got.returncode == 0
+
+    for path in (
+        "results/run-20270101T000000Z.jsonl",
+        "results/run-cpu-20270101T000000Z.jsonl",
+        "results/asv/gpu-box/0123abcd-existing-py.json",
+        "results/asv-html/index.html",
+        "results/asv-jsonl/host/rmsnorm.jsonl",
+        "results/pytest-jsonl/rmsnorm.jsonl",
+        "out/report-20270101T000000Z/index.html",
+    ):
+        assert ignored(path), path
+    for path in (
+        "results/README.md",
+        "results/h100-2026-11-24/README.md",
+        "results/h100-2027-01-01/sweep.jsonl.gz",
+    ):
+        assert not ignored(path), path

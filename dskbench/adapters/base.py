@@ -112,6 +112,11 @@ class Adapter:
         """A reason this kernel does not apply to this case (e.g. dsv3_fused_a_gemm needs T <= 16)."""
         return None
 
+    def cpu_skip_reason(self, case: Case) -> str | None:
+        """Why this case's torch reference is too slow to time on a CPU (a CPU reference run skips it
+        with this reason instead of running into its time limit); None: it runs there."""
+        return None
+
     def gpus_needed(self, case: Case) -> int:
         """GPUs, one process each, the case needs (a communication kernel: its TP degree)."""
         return 1

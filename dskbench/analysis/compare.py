@@ -27,7 +27,7 @@ from dskbench.analysis.compare_inputs import (
     stats_from_runs,
 )
 from dskbench.analysis.noise import Prior
-from dskbench.analysis.verdict import DEFAULT_THRESHOLD, Stat, Verdict, judge, mann_whitney_p
+from dskbench.analysis.verdict import DEFAULT_THRESHOLD, Stat, Verdict, default_prior, judge, mann_whitney_p
 from dskbench.results.io import Run
 
 __all__ = [
@@ -60,6 +60,7 @@ VERDICT_ORDER = (
     "now measured",
     "faster",
     "~faster",
+    "not judged",
     "added",
     "same",
     "skipped",
@@ -262,11 +263,21 @@ def compare(
     twins = {**old.twins(), **new.twins()}
     own_runs = set(old.runs) | set(new.runs)
     out = Comparison(threshold)
+    prior = prior or default_prior()
+    own = {m: own_prior(prior, old, new, m) for m in {*old.machines(), *new.machines()}}
     for key in sorted(set(old_stats) | set(new_stats), key=_row_order_key):
         hist = history.history(key, own_runs) if history is not None else []
-        v = judge(old_stats.get(key), new_stats.get(key), threshold, prior, hist)
+        v = judge(old_stats.get(key), new_stats.get(key), threshold, prior, hist, own[key.machine])
         out.changes.append(Change(key, old_stats.get(key), new_stats.get(key), v, twins.get(key)))
     return out
+
+
+def own_prior(prior: Prior, old: Side, new: Side, machine: str) -> bool:
+    """Whether the prior was measured on this machine's device (its GPU model, else the machine's name;
+    the shipped prior was measured on H200s): another device's noise is not this one's. Statistics given
+    without their runs (a mapping of Stats) name no device: the caller chose the prior for them."""
+    gpus = {r.gpu or r.machine for side in (old, new) for r in side.runs_on(machine)}
+    return all(prior.covers(g) for g in gpus)
 
 
 def _row_order_key(k: Key) -> tuple:

@@ -14,6 +14,10 @@ The floor comes from, in order of preference:
    written by ``scripts/noise_prior.py`` from the committed pairs: data, not hand-typed numbers.
 3. **absolute**: never below the event timer's resolution per launch.
 
+A band prior holds for the device its pairs ran on. On another device (a CPU, another GPU model) it is
+not used: the case's own history alone sets the floor, and with too little of it (one run per side) a
+change beyond the threshold is not judged.
+
 Changes are relative to the old kernel time and are taken before the calibrated launch gap is
 subtracted (a run's gap calibration moves every cold graph timing of that run by the same microseconds,
 which is not the kernel's doing). Two statistics have floors: the median (what dskbench reports) and
@@ -43,6 +47,7 @@ MIN_BAND_CASES = 10  # fewer measured cases in a band: it takes the nearest meas
 EVENT_RESOLUTION_US = 0.5  # CUDA documents cudaEventElapsedTime's resolution as about 0.5 us
 Z = 3.29  # two-sided 99.9% of a normal: converts a floor to a standard deviation when blending history
 PRIOR_WEIGHT = 2.0  # the band prior counts as this many degrees of freedom against a case's history
+MIN_OWN_STEPS = 2  # run-to-run steps a case needs for a floor of its own where no prior covers its device
 
 
 class PriorError(ValueError):
@@ -81,6 +86,11 @@ class Prior:
     source: str = ""  # the file it was read from
     measured_with: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # "mode"/"flush" -> values
 
+    def covers(self, device: str) -> bool:
+        """Whether the pairs were measured on this device (GPU model; `NVIDIA H200` and `H200` alike): a
+        prior says nothing about another device's noise. A prior naming no device covers every one."""
+        return not self.measured_on or _model(device) in {_model(d) for d in self.measured_on}
+
     def unmeasured(self, setting: str, value: str) -> bool:
         """True when the pairs never ran with this value of a setting ('' and 'unrecorded' pass)."""
         seen = self.measured_with.get(setting)
@@ -110,6 +120,12 @@ class Floor:
 
     def describe(self) -> str:
         return self.source + (f" {self.detail}" if self.detail else "")
+
+
+def _model(device: str) -> str:
+    """A device name compared without case, spacing or the vendor's prefix."""
+    name = " ".join(device.lower().split())
+    return name.removeprefix("nvidia ").strip()
 
 
 # -- the prior ---------------------------------------------------------------------------------------------
@@ -291,11 +307,16 @@ def floor_for(
     runs_old: int = 1,
     runs_new: int = 1,
     spread: float | None = None,
-) -> Floor:
+    own_prior: bool = True,
+) -> Floor | None:
     """The floor of one comparison. `latency_us` is the old kernel time (None: not a time, the widest
     band applies); `history` holds the case's run-level values (same statistic, raw microseconds) in
     series; runs_old/runs_new: how many runs each side's value is the median of; `spread`: the larger
-    relative half p10-p90 spread of the two sides (half_spread)."""
+    relative half p10-p90 spread of the two sides (half_spread). `own_prior` False: the prior was
+    measured on another device, so the case's own history alone sets the floor (own_floor), None
+    without enough of it."""
+    if not own_prior:
+        return own_floor(latency_us, history, runs_old, runs_new, prior.abs_floor_us)
     if latency_us is None or latency_us <= 0:
         band = prior.widest(statistic)
         prior_rel, where = band.floor(statistic), f"not a time: widest band, {band.label}"
@@ -321,3 +342,24 @@ def floor_for(
     if latency_us and latency_us > 0 and prior.abs_floor_us / latency_us > rel:
         return Floor(prior.abs_floor_us / latency_us, "absolute", f"{prior.abs_floor_us:g} us")
     return Floor(rel, source, detail)
+
+
+def own_floor(
+    latency_us: float | None,
+    history: Iterable[Sequence[float]],
+    runs_old: int,
+    runs_new: int,
+    abs_floor_us: float,
+) -> Floor | None:
+    """The floor from the case's own run-to-run steps alone (no band prior to blend with: a device
+    without a prior of its own), or None with fewer than MIN_OWN_STEPS of them (one run per side)."""
+    if not latency_us or latency_us <= 0:
+        return None
+    ss, df = history_spread(history, latency_us)
+    if df < MIN_OWN_STEPS:
+        return None
+    scale = math.sqrt(1 / max(runs_old, 1) + 1 / max(runs_new, 1))
+    rel = Z * math.sqrt(ss / df) * scale
+    if abs_floor_us / latency_us > rel:
+        return Floor(abs_floor_us / latency_us, "absolute", f"{abs_floor_us:g} us")
+    return Floor(rel, "history", f"({df} run-to-run steps; no band prior of this device)")

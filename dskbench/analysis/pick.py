@@ -158,6 +158,16 @@ class Pick:
     threshold: float = 0.0
     launch: Launch | None = None
 
+    def measured(self) -> bool:
+        """Whether any candidate of any row has a record at the picked points (ok, wrong or error): a
+        pick of none (CPU reference timings, other kernels, other batch sizes) has nothing to say."""
+        return any(
+            c.ranked or c.what_if or c.excluded
+            for pp in self.phases
+            for rp in pp.rows
+            for c in rp.cells.values()
+        )
+
 
 def load_runs(paths: Sequence[str | Path], device: str | None = None) -> tuple[list[Run], str]:
     """The runs of one device (several GPUs are never mixed in one pick)."""

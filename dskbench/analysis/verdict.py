@@ -16,11 +16,12 @@ The verdict is ``slower`` only when all of these hold:
    p < 0.001 (the within-run test stays as a second condition, never the only one).
 
 Mirrored for ``faster``. Beyond the threshold but failing 2 or 3 is ``~slower``/``~faster``, never a
-failure. Status changes: ok -> wrong/error is ``broke`` (a regression), the reverse ``fixed``;
-ok -> skipped ``now skipped``, skipped -> wrong/error ``now failing``, skipped -> ok ``now measured``
-(shown, not failing: a skip is decided by the machine or the install). A side whose timing is
-impossible (status ``unstable``, dskbench.measure.validity) is ``invalid``: not comparable, listed
-with its reason, never a regression or an improvement.
+failure; beyond it with no floor to judge it by (a device the prior was not measured on, one run per
+side) is ``not judged``, never a failure. Status changes: ok -> wrong/error is ``broke`` (a
+regression), the reverse ``fixed``; ok -> skipped ``now skipped``, skipped -> wrong/error ``now
+failing``, skipped -> ok ``now measured`` (shown, not failing: a skip is decided by the machine or the
+install). A side whose timing is impossible (status ``unstable``, dskbench.measure.validity) is
+``invalid``: not comparable, listed with its reason, never a regression or an improvement.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ P_THRESHOLD = 0.001
 MAX_TEST_SAMPLES = 4000  # larger sample lists are thinned to evenly spaced order statistics
 DEFAULT_THRESHOLD = 0.05
 
+NOT_JUDGED = "not judged"  # beyond the threshold, but no noise floor to judge it by
 REGRESSIONS = frozenset({"slower", "broke"})
 IMPROVEMENTS = frozenset({"faster", "fixed"})
 
@@ -125,9 +127,11 @@ def judge(
     threshold: float = DEFAULT_THRESHOLD,
     prior: Prior | None = None,
     history: Iterable[Stat] = (),
+    own_prior: bool = True,
 ) -> Verdict:
     """The verdict on one case (see the module docstring). `history`: the case's earlier runs on the
-    same GPU model, oldest first (each a Stat; their run-level values make the case's own floor)."""
+    same GPU model, oldest first (each a Stat; their run-level values make the case's own floor).
+    `own_prior` False: the prior was measured on another device and is not used (noise.own_floor)."""
     if old is None and new is None:
         raise ValueError("nothing to judge")
     if old is None:
@@ -155,12 +159,16 @@ def judge(
         old.n_runs,
         new.n_runs,
         half_spread(old, new),
+        own_prior,
     )
     notes = []
     if new.throttled or old.throttled:
         notes.append("throttled " + ("new" if new.throttled else "old") + " run")
     if abs(worse) <= threshold:
         return Verdict("same", change, shift, statistic, floor, note="; ".join(notes))
+    if floor is None:
+        why = "no noise floor: a device without a prior, one run per side"
+        return Verdict(NOT_JUDGED, change, shift, statistic, None, note="; ".join([why, *notes]))
     direction = "slower" if worse > 0 else "faster"
     worse_shift = -shift if new.higher_is_better else shift
     beyond = worse_shift > floor.rel if worse > 0 else -worse_shift > floor.rel

@@ -14,4 +14,5 @@ process kills and recorder.
     pool.py     slots (GPUs, build jobs) running units of items through watched workers
     sweep.py    the results file, the environment record, the recorder, the run
     shared_gpu.py  other processes on the run's GPUs: start-of-run warning, per-result field, --exclusive
+    outcome.py  which records fail a run (not a CPU reference run's time-outs), the lines it ends with
 """

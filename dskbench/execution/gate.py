@@ -13,8 +13,9 @@ Two questions, kept apart on purpose:
   ``skipped`` with the reason, so a reader of the results sees what was not measured and why.
 
 `why_not` checks, first reason wins: the backend's requirement (CUDA, capability windows, GPU count),
-the GPUs the case needs, the adapter's and the backend's own per-case reasons, and whether the case's
-minimum traffic fits the GPU's memory (MEMORY_SHARE of its total, DeviceInfo.memory_bytes).
+the GPUs the case needs, the adapter's and the backend's own per-case reasons (on a CPU, also a torch
+reference known to be too slow to time there), and whether the case's minimum traffic fits the GPU's
+memory (MEMORY_SHARE of its total, DeviceInfo.memory_bytes).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def why_not(adapter: Any, backend: Backend, case: Case, device: DeviceInfo, rank
         backend.requires.reason_unmet(device)
         or multi_gpu_reason(adapter.gpus_needed(case), device, ranks)
         or adapter.skip_reason(case)
+        or (adapter.cpu_skip_reason(case) if device.kind == "cpu" else None)
         or (backend.skip(case) if backend.skip else None)
         or memory_reason(adapter, backend, case, device)
     )

@@ -75,6 +75,7 @@ class SweepOptions:
     warm_only: bool = False  # prepare (build, first launch, check) but time nothing: dskbench warm
     costs_from: tuple[str, ...] = ()  # results files whose item times cut a sharded sweep (shard.py)
     case_timeout_s: float | None = None  # hang limit per case; None: scaled from its expected time; 0: off
+    first_use_allowance_s: float | None = None  # added on a first use; None: 120 s unless case_timeout_s
     no_multicast: bool = False  # NVLink multicast off in the workers (environment.NO_MULTICAST_ENV)
 
     @classmethod

@@ -1,13 +1,14 @@
 """How long a case may run before its worker is killed as hung.
 
 A case's limit is scaled from its expected time (cost.item_cost): FACTOR times it, never below
-FLOOR_S. The first item of a (kernel, backend, variant) in a worker process gets FIRST_USE_S more
-(imports, Triton compilation and autotuning in the process). A JIT build that runs compilers (nvcc,
-ninja: child processes of the worker) does not count against any limit, up to
+FLOOR_S. The first item of a (kernel, backend, variant) in a worker process gets a first-use
+allowance more (FIRST_USE_S by default: imports, Triton compilation and autotuning in the process,
+in-process JIT compilers such as CuTe DSL's, which start no child process to be seen). A JIT build that
+runs compilers (nvcc, ninja: child processes of the worker) does not count against any limit, up to
 process.BUILD_GRACE_S: a hung kernel starts no compiler. Starting a worker (imports, CUDA context)
 has its own limit. `--case-timeout S` (or DSKBENCH_CASE_TIMEOUT_S) replaces the scaled limit by a
-flat one; a first use keeps its FIRST_USE_S (in-process JIT compilers such as CuTe DSL's start no
-child process to be seen); 0 turns the watch off.
+flat one, S seconds for every case, first uses included, unless `--first-use-allowance S` is given
+too; 0 turns the watch off.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from dskbench.execution.items import WorkItem
 
 CASE_TIMEOUT_ENV = "DSKBENCH_CASE_TIMEOUT_S"  # seconds; 0 disables
+CASE_TIMED_OUT = "timed out: no result within"  # how the reason of a case killed at its limit begins
 FLOOR_S = 60.0
 FACTOR = 10.0
 FIRST_USE_S = 120.0
@@ -54,6 +56,7 @@ class CaseLimits:
     expected_s: Callable[[WorkItem], float] = lambda item: 0.0
     flat_s: float | None = None
     startup_s: float = STARTUP_S
+    first_use_s: float = FIRST_USE_S  # added to the first item of a (kernel, backend, variant)
 
     @property
     def off(self) -> bool:
@@ -61,7 +64,7 @@ class CaseLimits:
 
     def for_item(self, item: WorkItem, first_use: bool) -> float:
         """Seconds `item` may take from its start to its result."""
-        first = FIRST_USE_S if first_use else 0.0
+        first = self.first_use_s if first_use else 0.0
         if self.flat_s is not None:
             return self.flat_s + first
         try:
@@ -73,6 +76,15 @@ class CaseLimits:
     def describe(self) -> str:
         if self.off:
             return "off"
+        first = f", +{self.first_use_s:g} s for a first use" if self.first_use_s else ""
         if self.flat_s is not None:
-            return f"{self.flat_s:g} s per case, +{FIRST_USE_S:g} s for a first use"
-        return f"max({FLOOR_S:g} s, {FACTOR:g} x expected) per case, +{FIRST_USE_S:g} s for a first use"
+            return f"{self.flat_s:g} s per case{first}"
+        return f"max({FLOOR_S:g} s, {FACTOR:g} x expected) per case{first}"
+
+
+def first_use_allowance(flat_s: float | None, asked_s: float | None) -> float:
+    """The first-use allowance of a run: as asked (--first-use-allowance), else FIRST_USE_S with scaled
+    limits and none with a flat one (--case-timeout S means S)."""
+    if asked_s is not None:
+        return asked_s
+    return 0.0 if flat_s is not None else FIRST_USE_S

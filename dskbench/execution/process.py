@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dskbench.execution.items import WorkItem
-from dskbench.execution.limits import CaseLimits
+from dskbench.execution.limits import CASE_TIMED_OUT, CaseLimits
 
 POLL_S = 0.2  # how often a waiting parent looks at the clock and the stop flag
 BUILD_GRACE_S = 900.0  # past its limit, a case may go on this long while its worker runs compilers
@@ -329,7 +329,7 @@ class WorkerProcess:
             return f"timed out: a batch of {len(st.held)} cases gave no result within {limit:.0f} s; the worker was killed"
         if st.current is None:
             return f"timed out: the worker gave no sign of life within {limit:.0f} s and was killed"
-        return f"timed out: no result within {limit:.0f} s ({self.limits.describe()}); the worker was killed"
+        return f"{CASE_TIMED_OUT} {limit:.0f} s ({self.limits.describe()}); the worker was killed"
 
 
 def _pump(stream, lines: queue.Queue) -> None:

@@ -98,9 +98,7 @@ def plan_sweep(
         all_b = adapter.all_backends()
         known_backends.update(b.name for b in all_b)
         chosen = [b for b in all_b if _backend_selected(b, backends, opts.device)]
-        ops = [op for op in entry.op_names if shapes.ops.get(op) and shapes.ops[op].roles.get(adapter.role)]
-        if not ops:
-            ops = list(adapter.ops)
+        ops = swept_ops(entry, adapter, shapes)
         for phase in opts.phases:
             for case in shapes.cases(name, ops, adapter.role, phase, opts.profile, list(opts.tp)):
                 if not applicable(adapter, case):  # not a case of this kernel: no record
@@ -116,6 +114,28 @@ def plan_sweep(
                 f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(sorted(known_backends))}"
             )
     return items, skips
+
+
+def swept_ops(entry: Any, adapter: Any, shapes: ModelShapes) -> list[str]:
+    """The ops a kernel is swept at: its registry ops that the shapes file gives shapes for in the
+    adapter's role, else (an entry naming none of them) the ops the adapter names."""
+    ops = [op for op in entry.op_names if shapes.ops.get(op) and shapes.ops[op].roles.get(adapter.role)]
+    return ops or list(adapter.ops)
+
+
+def measured_ops(entry: Any, adapter: Any, shapes: ModelShapes) -> list[str]:
+    """The swept ops at which the kernel has a case in some sweep at some tp (`applicable`): what a sweep
+    measures it at, whatever the profile (`dskbench list` counts them)."""
+    tps = shapes.values("tp")
+    return [
+        op
+        for op in swept_ops(entry, adapter, shapes)
+        if any(
+            applicable(adapter, case)
+            for phase in shapes.phases
+            for case in shapes.cases(entry.name, [op], adapter.role, phase, "quick", tps)
+        )
+    ]
 
 
 def _backend_selected(b: Backend, wanted: list[str] | None, device: str) -> bool:

@@ -3,8 +3,9 @@ again.
 
 Every result record carries `repro`: a `dskbench run` command line that selects exactly its case
 (kernel, backend, sweep, op and variant, sweep point, tp) and measures it as the run did (device,
-profile, L2 mode, flush, NVLink multicast, input seed, time budget). The filters here are what make one case reachable
-from the command line; `repro_command` writes that command for a record.
+profile, L2 mode, flush, NVLink multicast, input seed, time budget, the hang limits it was given). The
+filters here are what make one case reachable from the command line; `repro_command` writes that
+command for a record.
 """
 
 from __future__ import annotations
@@ -184,4 +185,10 @@ def repro_command(rec: Mapping[str, Any], settings: Mapping[str, Any] | None) ->
         args += ["--min-time", f"{settings['min_time_s']:g}"]
     if (settings.get("stopping") or "median-ci") != "median-ci":
         args += ["--stopping", settings["stopping"]]
+    for key, flag in (
+        ("case_timeout_s", "--case-timeout"),
+        ("first_use_allowance_s", "--first-use-allowance"),
+    ):
+        if settings.get(key) is not None:  # limits the run was given: a time-out reproduces under them
+            args += [flag, f"{settings[key]:g}"]
     return shlex.join(args)

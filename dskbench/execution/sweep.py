@@ -23,7 +23,7 @@ from dskbench.adapters.backends import DeviceInfo
 from dskbench.execution.case import measure_settings, run_one
 from dskbench.execution.cost import item_cost
 from dskbench.execution.items import SweepOptions, WorkItem
-from dskbench.execution.limits import CaseLimits, timeout_from_env
+from dskbench.execution.limits import CaseLimits, first_use_allowance, timeout_from_env
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.selection import repro_command
 from dskbench.results.io import ResultsWriter, environment_record
@@ -136,10 +136,15 @@ def recording(
 
 
 def case_limits(opts: SweepOptions, device: DeviceInfo) -> CaseLimits:
-    """The hang limits of a run: --case-timeout / DSKBENCH_CASE_TIMEOUT_S, else scaled per case."""
+    """The hang limits of a run: --case-timeout / DSKBENCH_CASE_TIMEOUT_S, else scaled per case; a first
+    use's allowance as --first-use-allowance asks (limits.first_use_allowance)."""
     flat = opts.case_timeout_s if opts.case_timeout_s is not None else timeout_from_env()
     budget = measure_settings(opts).max_time_s
-    return CaseLimits(expected_s=lambda it: item_cost(it, device, budget), flat_s=flat)
+    return CaseLimits(
+        expected_s=lambda it: item_cost(it, device, budget),
+        flat_s=flat,
+        first_use_s=first_use_allowance(flat, opts.first_use_allowance_s),
+    )
 
 
 def worker_plan(opts: SweepOptions, run_seed: int, ceilings: Any) -> dict[str, Any]:

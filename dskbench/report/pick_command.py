@@ -5,15 +5,36 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from dskbench.analysis.pick import PHASES, PickError, check_tp, load_runs, pick
+from dskbench.analysis.pick import PHASES, REFERENCE, PickError, check_tp, load_runs, pick
 from dskbench.analysis.pick_data import DeploymentError
 from dskbench.report.pick_json import render_json
 from dskbench.report.pick_markdown import render_markdown, render_summary
 from dskbench.report.pick_page import render_html
-from dskbench.results.io import ResultsError
+from dskbench.results.io import ResultsError, Run
 from dskbench.shapes.cases import ShapeError
+
+
+def nothing_measured(runs: Sequence[Run], phase: str | None, batch: list[int] | None, tp: int) -> str:
+    """Why a pick has nothing to pick from, in one line: CPU reference timings only, or no record of
+    any candidate at the asked points."""
+    held = {r["backend"]["name"] for run in runs for r in run.results} - {"-"}
+    if held <= {REFERENCE}:
+        return (
+            "no candidate backend is measured: the results hold torch reference timings only (a CPU run), "
+            "which are never picked; measure the kernels with `dskbench run` on a GPU"
+        )
+    where = (
+        f"tp {tp}"
+        + (f", {phase}" if phase else "")
+        + (f", batch {','.join(map(str, batch))}" if batch else "")
+    )
+    return (
+        f"no candidate backend of the deployment is measured in the results ({where}): nothing to pick; "
+        "measure its kernels with `dskbench run`"
+    )
 
 
 def cli_pick(
@@ -28,7 +49,8 @@ def cli_pick(
     """Print the pick as Markdown; or, with `out`, write pick.md, pick.html and pick.json there and print
     a short summary (the launch command, the step estimate per batch, the files).
 
-    0 on success, 2 on bad input (unreadable results, several devices, a bad deployment file).
+    0 on success, 2 on bad input (unreadable results, several devices, a bad deployment file, no
+    candidate measured: then no launch command either).
     """
     if phase is not None and phase not in PHASES:
         print(f"dskbench pick: phase {phase!r} is not one of {', '.join(PHASES)}", file=sys.stderr)
@@ -47,6 +69,9 @@ def cli_pick(
         )
     except (ResultsError, PickError, DeploymentError, ShapeError) as e:
         print(f"dskbench pick: {e}", file=sys.stderr)
+        return 2
+    if not result.measured():
+        print(f"dskbench pick: {nothing_measured(runs, phase, batch, tp)}", file=sys.stderr)
         return 2
     md = render_markdown(result)
     if out is None:

@@ -31,6 +31,7 @@ from dskbench.adapters.moe.inputs import (
     weight_bytes,
 )
 from dskbench.adapters.moe.nvfp4_common import (
+    CPU_TOO_SLOW,
     expert_weight_bytes,
     make_moe_inputs,
     moe_config,
@@ -148,6 +149,9 @@ class CutlassFusedMoe(Adapter):
 
     def applies(self, case: Case) -> bool:
         return case.dims.get("weight") in FORMATS
+
+    def cpu_skip_reason(self, case: Case) -> str | None:
+        return CPU_TOO_SLOW if case.dims["weight"] == "nvfp4" else None
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         fmt = case.dims["weight"]

@@ -24,6 +24,35 @@ def case_timeout(s: str) -> float:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--case-timeout: ")) from None
 
 
+def seconds_or_zero(s: str) -> float:
+    """A number of seconds >= 0 (--first-use-allowance)."""
+    try:
+        x = float(s)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {s!r}")
+    return x
+
+
+def add_limits(p: argparse.ArgumentParser, what: str) -> None:
+    """--case-timeout and --first-use-allowance: how long `what` may run before its worker is killed."""
+    p.add_argument(
+        "--case-timeout",
+        type=case_timeout,
+        metavar="S",
+        help=f"kill {what}'s worker after S seconds without its result, first uses included (0 = never; "
+        "default: scaled from the case's expected time; env DSKBENCH_CASE_TIMEOUT_S)",
+    )
+    p.add_argument(
+        "--first-use-allowance",
+        type=seconds_or_zero,
+        metavar="S",
+        help="seconds added to the limit of a kernel's first case in a worker (in-process JIT compilers; "
+        "default: 120 with scaled limits, none with --case-timeout)",
+    )
+
+
 def positive_int(s: str) -> int:
     try:
         n = int(s)

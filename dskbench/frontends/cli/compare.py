@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dskbench.analysis.compare import Comparison, compare
+from dskbench.analysis.compare import Comparison, compare, own_prior
 from dskbench.analysis.compare_inputs import Side, load_side
 from dskbench.analysis.noise import Prior, PriorError, load_prior
 from dskbench.analysis.verdict import DEFAULT_THRESHOLD, default_prior
@@ -112,9 +112,28 @@ def notes(old: Side, new: Side, machines: Sequence[str], prior: Prior, history: 
             inner = _settings_diff({next(iter(s))}, s) if len(s) > 1 else ""
             if inner:
                 out.append(f"note: the {name} side's runs on {m} differ in settings ({inner})")
+    covered = [m for m in machines if own_prior(prior, old, new, m)]
+    if covered:
+        out += _floor_notes(old, new, covered, prior, history)
+    for m in machines:
+        if m not in covered:
+            out.append(_foreign_note(old, new, m, prior, history))
+    return out
+
+
+def _runs_and_history(old: Side, new: Side, machines: Sequence[str], history: Side | None) -> tuple:
     n_old = max((len(old.runs_on(m)) for m in machines), default=1)
     n_new = max((len(new.runs_on(m)) for m in machines), default=1)
     hist = history is not None and any(history.runs_on(m) for m in machines)
+    return n_old, n_new, hist
+
+
+def _floor_notes(
+    old: Side, new: Side, machines: Sequence[str], prior: Prior, history: Side | None
+) -> list[str]:
+    """Where the floors of the devices the band prior was measured on come from."""
+    out = []
+    n_old, n_new, hist = _runs_and_history(old, new, machines, history)
     if n_old < 2 and n_new < 2 and not hist:
         out.append(
             f"noise floors: one run per side, so each case's floor is the band prior ({prior.describe()}); "
@@ -145,14 +164,23 @@ def notes(old: Side, new: Side, machines: Sequence[str], prior: Prior, history: 
                 f"these runs used {setting} {'/'.join(odd)}: its floors may be too narrow for them; "
                 "several runs per side or --history give each case's own"
             )
-    gpus = sorted({r.gpu or r.machine for r in runs})
-    strangers = [g for g in gpus if prior.measured_on and g not in prior.measured_on]
-    if strangers:
-        out.append(
-            f"note: the band prior was measured on {', '.join(prior.measured_on)}, not on "
-            f"{', '.join(strangers)}; --history runs of that GPU give floors of its own"
-        )
     return out
+
+
+def _foreign_note(old: Side, new: Side, machine: str, prior: Prior, history: Side | None) -> str:
+    """A device the band prior was not measured on: it is not used; what the floors need instead."""
+    n_old, n_new, hist = _runs_and_history(old, new, [machine], history)
+    head = (
+        f"noise floors on {machine}: the band prior was measured on {', '.join(prior.measured_on)}, "
+        "not on this device, so it is not used"
+    )
+    if n_old < 2 and n_new < 2 and not hist:
+        return (
+            f"{head}; with one run per side no case has a floor of its own, so a change beyond the threshold "
+            "is 'not judged': give two or more runs per side (OLD1 OLD2 -- NEW1 NEW2) or --history (earlier "
+            "runs on this device), or --prior a prior fitted on it"
+        )
+    return f"{head}: each case's floor is its own run-to-run spread ('not judged' where it has too few runs)"
 
 
 def _known(values: Sequence[str]) -> str:

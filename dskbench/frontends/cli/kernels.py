@@ -30,6 +30,16 @@ def kernel_models(entry: Any, adapter: Any, shapes: Any) -> list[str]:
     return sorted_models(found)
 
 
+def kernel_ops(entry: Any, adapter: Any, shapes: Any) -> list[str]:
+    """The ops a kernel is measured at: with an adapter, those a sweep has cases of (its registry ops
+    with shapes for the adapter's role, else the ops the adapter names); without one, its registry ops."""
+    if adapter is None:
+        return list(entry.op_names)
+    from dskbench.execution.runner import measured_ops
+
+    return measured_ops(entry, adapter(), shapes)
+
+
 def models_text(models: list[str]) -> str:
     """`R1`, `V3.2`, `R1, V3.2`; `-` when no model runs the kernel."""
     from dskbench.shapes.models import short_name
@@ -59,7 +69,7 @@ def command(args: argparse.Namespace) -> int:
                 "source": e.source,
                 "status": e.status,
                 "models": models,
-                "ops": len(e.op_names),
+                "ops": len(kernel_ops(e, a, shapes)),
                 "adapter": a.__name__ if a else None,
                 "backends": [b.name for b in a.backends] if a else [],
             }

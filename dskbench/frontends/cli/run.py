@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,13 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run in this process (debugging: no crash isolation, no hang watch)",
     )
-    run.add_argument(
-        "--case-timeout",
-        type=types.case_timeout,
-        metavar="S",
-        help="kill a case's worker after S seconds without its result, plus 120 s on a kernel's first use "
-        "(0 = never; default: scaled from the case's expected time; env DSKBENCH_CASE_TIMEOUT_S)",
-    )
+    types.add_limits(run, "a case")
     run.add_argument(
         "--gpus",
         type=types.gpus,
@@ -165,6 +160,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         gpus=gpus,
         costs_from=tuple(str(p) for p in args.costs_from or ()),
         case_timeout_s=args.case_timeout,
+        first_use_allowance_s=args.first_use_allowance,
         no_multicast=args.no_multicast or no_multicast_asked(),
     )
     return RunConfig(
@@ -271,17 +267,17 @@ def command(args: argparse.Namespace) -> int:
         return 143 if isinstance(e, Terminated) else 130
     finally:
         progress.close()
-    print_table(out)
-    print(summary.line())
-    failed = ("wrong", "error", "unstable")  # unstable: a timing found impossible twice (a shared GPU)
-    return EXIT_FAIL if any(summary.counts[s] for s in failed) else EXIT_OK
+    return finish(out, summary.line(), opts.device, summary.counts)
 
 
-def print_table(out: Path) -> None:
-    """The end-of-run table of this run (the file's last) on stdout; results above a datasheet peak (a
-    traffic-model error) named on stderr."""
+def finish(out: Path, summary_line: str, device: str, counts: Mapping[str, int]) -> int:
+    """End a run's output (stdout): the table of this run (the file's last), the summary line, then the
+    cases that were not ok, one line each, what fails the run last; results above a datasheet peak (a
+    traffic-model error) named on stderr. The exit status: 1 when a case is wrong, in error or
+    unstable, a CPU reference run's time-outs excepted (dskbench.execution.outcome)."""
     from dskbench.analysis.over_peak import over_peak
     from dskbench.analysis.over_peak import summary as over_peak_summary
+    from dskbench.execution.outcome import FAILING, expected_timeout, failing, not_ok_lines
     from dskbench.report.run_table import run_table
     from dskbench.results.io import ResultsError, read_runs
 
@@ -289,8 +285,19 @@ def print_table(out: Path) -> None:
         runs = read_runs([out])
     except ResultsError as e:
         print(f"dskbench: no end-of-run table: {e}", file=sys.stderr)
-        return
-    if runs and (table := run_table(runs[-1].results)):
+        print(summary_line)
+        return EXIT_FAIL if any(counts.get(k) for k in FAILING) else EXIT_OK
+    results = runs[-1].results if runs else []
+    if table := run_table(results):
         print(table)
-    if runs and (line := over_peak_summary(over_peak(runs[-1].results))):
+    if line := over_peak_summary(over_peak(results)):
         print(f"dskbench: warning: {line}", file=sys.stderr)
+    print(summary_line)
+    if timeouts := sum(1 for r in results if expected_timeout(r, device)):
+        print(
+            f"{timeouts} case{'s' if timeouts != 1 else ''} ran past the time limit: expected on a CPU "
+            "reference run, not a failure (--case-timeout S gives them longer)"
+        )
+    for line in not_ok_lines(results, device):
+        print(line)
+    return EXIT_FAIL if failing(results, device) else EXIT_OK

@@ -29,12 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="tensor-parallel degrees (default: 1,4,8, those the profile sweeps)",
     )
     types.add_selection(wm)
-    wm.add_argument(
-        "--case-timeout",
-        type=types.case_timeout,
-        metavar="S",
-        help="kill a build's worker after S seconds without its result (0 = never; default: scaled)",
-    )
+    types.add_limits(wm, "a build")
     wm.add_argument(
         "--jobs",
         type=types.positive_int,
@@ -72,6 +67,7 @@ def command(args: argparse.Namespace) -> int:
         seed=0,
         measure_ceilings=False,
         case_timeout_s=args.case_timeout,
+        first_use_allowance_s=args.first_use_allowance,
     )
     config = RunConfig(
         options=options,
