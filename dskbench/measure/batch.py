@@ -82,7 +82,12 @@ def _session(queue: Callable[[], None]) -> Any:
         _prepare_profiler,
     )
 
-    config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+    try:
+        config = ProfilerConfig(
+            ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig()
+        )
+    except TypeError:  # another torch's signature: the public profiler, slower but the same records
+        return _public_session(queue)
     activities = {ProfilerActivity.CUDA}
     _prepare_profiler(config, activities)
     _enable_profiler(config, activities)
@@ -92,6 +97,15 @@ def _session(queue: Callable[[], None]) -> Any:
     finally:
         result = _disable_profiler()
     return result
+
+
+def _public_session(queue: Callable[[], None]) -> Any:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        queue()
+        torch.cuda.synchronize()
+    return prof.profiler.kineto_results
 
 
 _flush: dict[tuple[int, int], torch.Tensor] = {}
