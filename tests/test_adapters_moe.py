@@ -497,3 +497,20 @@ def test_model_constants_come_from_the_case():
     ids, ids_flat = p.make_inputs(c, "cpu", 0)["topk_ids"], p.make_inputs(flat, "cpu", 0)["topk_ids"]
     assert int(((ids // 32).long().sort(-1).values.diff(dim=-1) != 0).sum(-1).max()) <= 3  # <= 4 groups
     assert not torch.equal(ids.sort(-1).values, ids_flat.sort(-1).values)
+
+
+def test_a_cases_routing_is_its_own_so_traffic_counts_the_experts_its_kernel_reads():
+    """Fresh activations every run, the same routing: the experts a MoE kernel reads are the ones its
+    traffic counts (a fresh routing per run read a few experts more or fewer, above 100% of the peak)."""
+    from dskbench.adapters.moe.inputs import n_active, routing
+
+    cases = SHAPES.cases("x", ["experts"], "moe_gemm", "decode", profile="full", tp=[1])
+    for case in [c for c in cases if c.dims["T"] in (8, 64)][:2]:
+        touched = {
+            int((expert_counts(routing(case, "cpu", s).topk_ids, case.dims["E"]) > 0).sum()) for s in (1, 2)
+        }
+        assert touched == {n_active(case)}
+        a, b = (
+            get_adapter("fp8_blockwise_scaled_grouped_mm").make_inputs(case, "cpu", s)["a"] for s in (1, 2)
+        )
+        assert not torch.equal(a.float(), b.float())  # the activations are still drawn fresh

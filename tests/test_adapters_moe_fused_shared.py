@@ -12,7 +12,7 @@ from dskbench.adapters import get_adapter
 from dskbench.adapters.common import nvfp4 as fp4
 from dskbench.adapters.common.routing import deepseek_routing, fuse_shared_experts
 from dskbench.adapters.moe import nvfp4_common
-from dskbench.adapters.moe.inputs import n_active, routing
+from dskbench.adapters.moe.inputs import ROUTING_SEED, n_active, routing
 from dskbench.shapes.cases import Case, default_shapes
 
 SHAPES = default_shapes()
@@ -65,8 +65,8 @@ def test_moe_inputs_route_the_last_slot_to_the_shared_expert():
     ids, w = r.topk_ids, r.topk_weights
     assert ids.shape == (64, 9) and (ids[:, 8] == 256).all() and (ids[:, :8] < 256).all()
     assert torch.allclose(w[:, 8], w[:, :8].sum(1) / RSF) and torch.allclose(w[:, :8].sum(1), torch.ones(64))
-    # the routed slots are the routing the unfused MoE sees
-    plain = deepseek_routing(64, 256, 8, MODEL["n_group"], MODEL["topk_group"], seed=5)
+    # the routed slots are the routing the unfused MoE sees (the case's own, whatever the seed)
+    plain = deepseek_routing(64, 256, 8, MODEL["n_group"], MODEL["topk_group"], seed=ROUTING_SEED)
     assert torch.equal(ids[:, :8], plain.topk_ids) and torch.equal(w[:, :8], plain.topk_weights)
     unfused = Case(
         case.kernel, "experts", "decode", case.point, {**case.dims, "E": 256, "topk": 8}, model=MODEL
