@@ -6,7 +6,8 @@
 #   bash scripts/run.sh [dskbench run options...]     e.g. --kernel rmsnorm --sweep decode
 # At the end (also after a failure) one line on stderr gives the wall seconds of each stage: set-up
 # (scripts/setup.sh, the registry check, the GPU check, the expected time), JIT warm-up (GPU only),
-# measuring, report; with the report, out/report-STAMP/main_job.json holds them and the exit status.
+# measuring, report; with the report, out/report-STAMP/main_job.json holds them, the exit status, and
+# the box: whether its JIT caches were empty at the start ("fresh"), its GPUs and its CPU cores.
 # The sweep's output ends with the cases that were not ok, one line each; the exit status is dskbench
 # run's: 1 when a case is wrong or in error (on a CPU, a reference that ran past its time limit is not a
 # failure), then the report is still written.
@@ -27,18 +28,21 @@ next_stage() {  # close the current stage's lap, open $1's
 }
 run_stamp="$(date -u +%Y%m%dT%H%M%SZ)"  # not `stamp`: setup.sh, sourced, has its own
 times_json=""  # set once the report folder exists
+box_json="$(mktemp)"  # the box's facts at the start: were the JIT caches empty, its GPUs and cores
 finish() {
     local rc=$?
     trap - EXIT
     next_stage done
     local where=()
     [ -z "$times_json" ] || where=(--out "$times_json")
-    step python3 -m dskbench.setup.mainjob times --status "$rc" ${where[@]+"${where[@]}"} \
+    step python3 -m dskbench.setup.mainjob times --status "$rc" --box "$box_json" ${where[@]+"${where[@]}"} \
         "setup=${took[setup]}" "warm=${took[warm]}" "measure=${took[measure]}" "report=${took[report]}" || true
+    rm -f "$box_json"
     exit "$rc"
 }
 trap finish EXIT
 source scripts/setup.sh
+python3 -m dskbench.setup.mainjob box > "$box_json" 2>/dev/null || true
 step python3 -m dskbench registry generate --check
 out="results/run-$run_stamp.jsonl"
 if [ "$DSKBENCH_GPU" = 1 ]; then

@@ -94,6 +94,7 @@ def _fake_bin(tmp_path: Path, gpu: bool, stack_rc: int) -> Path:
     if gpu:
         smi.write_text(
             "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA H100 (UUID: GPU-1)' && exit 0\n"
+            "[ \"$1\" = --query-gpu=index,name ] && echo '0, NVIDIA H100' && exit 0\n"
             "echo 'Driver Version: 550.54  CUDA Version: 12.4'\n"
         )
     else:
@@ -275,9 +276,10 @@ STAGE_KEYS = ["setup", "warm", "measure", "report"]
 def test_dry_run_ends_with_the_stage_times_step(tmp_path):
     last = _dry_run(tmp_path, False, 1)[-1].split()
     assert last[:6] == ["python3", "-m", "dskbench.setup.mainjob", "times", "--status", "0"]
-    assert last[6] == "--out" and re.fullmatch(r"out/report-\d{8}T\d{6}Z/main_job\.json", last[7])
-    assert [a.split("=")[0] for a in last[8:]] == STAGE_KEYS
-    assert all(a.split("=")[1].isdigit() for a in last[8:])
+    assert last[6] == "--box"  # the box's facts, read at the start
+    assert last[8] == "--out" and re.fullmatch(r"out/report-\d{8}T\d{6}Z/main_job\.json", last[9])
+    assert [a.split("=")[0] for a in last[10:]] == STAGE_KEYS
+    assert all(a.split("=")[1].isdigit() for a in last[10:])
 
 
 def _stub_bin(tmp_path: Path, gpu: bool, run_rc: int) -> Path:
@@ -333,6 +335,8 @@ def test_main_job_prints_and_writes_its_stage_times(tmp_path, gpu):
     assert list(doc["seconds"]) == STAGE_KEYS
     assert all(isinstance(v, int) and v >= 0 for v in doc["seconds"].values())
     assert doc["total_s"] == sum(doc["seconds"].values()) and doc["exit_status"] == 0
+    assert isinstance(doc["fresh"], bool) and doc["cores"] == os.cpu_count()  # the box it ran on
+    assert isinstance(doc["gpus"], list) and bool(doc["gpus"]) == gpu
     calls = (tmp_path / "calls.log").read_text()
     assert ("dskbench warm --gpus all" in calls) == gpu  # the warm-up stage runs on a GPU only
     if not gpu:

@@ -14,10 +14,13 @@ quick sweep's typical sampling. It is a model, not a measurement: JIT builds (do
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 # The main job's stages, in order, with their names in the summary line.
 STAGES = {"setup": "set-up", "warm": "JIT warm-up", "measure": "measuring", "report": "report"}
@@ -90,9 +93,39 @@ def stage_times(pairs: Sequence[str]) -> dict[str, int]:
     return {name: got.get(name, 0) for name in STAGES}
 
 
-def times_record(seconds: dict[str, int], status: int) -> dict[str, object]:
-    """What main_job.json holds: seconds per stage, their total, and the main job's exit status."""
-    return {"seconds": dict(seconds), "total_s": sum(seconds.values()), "exit_status": status}
+def times_record(
+    seconds: dict[str, int], status: int, box: dict[str, object] | None = None
+) -> dict[str, object]:
+    """What main_job.json holds: seconds per stage, their total, the main job's exit status, and the box
+    it ran on (box_facts, read at its start)."""
+    return {"seconds": dict(seconds), "total_s": sum(seconds.values()), "exit_status": status, **(box or {})}
+
+
+def gpu_names(run: Any = subprocess.run) -> list[str]:
+    """The GPUs nvidia-smi lists (in CUDA_VISIBLE_DEVICES' order when it is set), or none."""
+    try:
+        p = run(
+            ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if p.returncode != 0:
+        return []
+    names = dict(line.split(", ", 1) for line in p.stdout.splitlines() if ", " in line)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    order = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else list(names)
+    return [names[i] for i in order if i in names]
+
+
+def box_facts() -> dict[str, object]:
+    """Whether the JIT caches were empty when the main job began (a fresh box compiles everything), its
+    GPUs and its CPU cores: what its times depend on."""
+    from dskbench.setup.jit_cache import is_fresh
+
+    return {"fresh": is_fresh(), "gpus": gpu_names(), "cores": os.cpu_count()}
 
 
 def times_line(seconds: dict[str, int], status: int) -> str:
@@ -102,12 +135,14 @@ def times_line(seconds: dict[str, int], status: int) -> str:
 
 
 def _times(args: list[str]) -> int:
-    status, out, pairs = 0, None, []
+    status, out, box, pairs = 0, None, None, []
     i = 0
     while i < len(args):
-        if args[i] in ("--status", "--out") and i + 1 < len(args):
+        if args[i] in ("--status", "--out", "--box") and i + 1 < len(args):
             if args[i] == "--status":
                 status = int(args[i + 1])
+            elif args[i] == "--box":
+                box = _read_box(Path(args[i + 1]))
             else:
                 out = Path(args[i + 1])
             i += 2
@@ -118,8 +153,15 @@ def _times(args: list[str]) -> int:
     print(times_line(seconds, status), file=sys.stderr)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(times_record(seconds, status), indent=2) + "\n")
+        out.write_text(json.dumps(times_record(seconds, status, box), indent=2) + "\n")
     return 0
+
+
+def _read_box(path: Path) -> dict[str, object] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # the facts are a courtesy: their loss never fails the main job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,13 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["warm-args"]:
         sys.stdout.write("".join(a + "\0" for a in warm_args(args[1:])))
         return 0
+    if args[:1] == ["box"]:
+        print(json.dumps(box_facts()))
+        return 0
     if args[:1] == ["times"]:
         try:
             return _times(args[1:])
         except ValueError as e:
             print(f"dskbench.setup.mainjob: {e}", file=sys.stderr)
             return 2
-    print("dskbench.setup.mainjob: expected eta, warm-args or times", file=sys.stderr)
+    print("dskbench.setup.mainjob: expected eta, warm-args, box or times", file=sys.stderr)
     return 2
 
 

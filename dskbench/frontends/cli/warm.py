@@ -39,9 +39,47 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--gpus", type=types.gpus, help="spread the builds' processes over this host's GPUs: 'all' or a count"
     )
     wm.add_argument("--out", type=Path, help="JSON file: each build's status and seconds")
+    wm.add_argument(
+        "--import",
+        dest="import_file",
+        type=Path,
+        metavar="FILE",
+        help="first unpack the JIT caches of FILE (made by --export on a box of the same GPU and stack)",
+    )
+    wm.add_argument(
+        "--export",
+        dest="export_file",
+        type=Path,
+        metavar="FILE",
+        help="then write this box's JIT caches to FILE (tar.gz), for other boxes to --import",
+    )
+    wm.add_argument(
+        "--force", action="store_true", help="--import although the archive's GPU or stack differs"
+    )
 
 
 def command(args: argparse.Namespace) -> int:
+    from dskbench.setup.jit_cache import CacheError, export_caches, import_caches
+
+    try:
+        if args.import_file is not None:
+            got = import_caches(args.import_file, force=args.force)
+            print(
+                f"dskbench: JIT caches imported from {args.import_file} ({sum(got['files'].values())} files)"
+            )
+        code = _warm(args)
+        if code == EXIT_OK and args.export_file is not None:
+            info = export_caches(args.export_file)
+            print(
+                f"dskbench: JIT caches exported to {args.export_file} ({sum(info['files'].values())} files)"
+            )
+    except CacheError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
+
+
+def _warm(args: argparse.Namespace) -> int:
     from dskbench.execution.config import RunConfig
     from dskbench.execution.items import DEFAULT_TP, SweepOptions
     from dskbench.execution.warm import default_jobs, warm
