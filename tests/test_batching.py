@@ -180,3 +180,42 @@ def test_an_impossible_or_missing_batch_measurement_is_timed_alone(monkeypatch):
     assert alone == [items[0].case_id, items[1].case_id] and not b.held
     notes = [n for f in got for n in f["timing"]["notes"]]
     assert any("impossible" in n for n in notes) and any("graph capture failed" in n for n in notes)
+
+
+def test_a_batch_begun_beside_another_process_flags_every_case_it_timed(monkeypatch):
+    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.execution import batching, shared_gpu
+    from dskbench.execution.case import prepare_item
+    from dskbench.execution.items import SweepOptions
+    from dskbench.execution.runner import plan_sweep
+    from dskbench.measure import measure
+    from dskbench.shapes.cases import default_shapes
+    from tests.test_shard import _entry
+
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    import tests.fake_adapters  # noqa: F401
+
+    opts = SweepOptions(
+        device="cpu", phases=("decode",), profile="cpu", budget_s=0.02, measure_ceilings=False
+    )
+    items, _ = plan_sweep({"fake_ok": _entry("fake_ok")}, default_shapes(), ["fake_ok"], ["fake"], opts)
+    monkeypatch.setattr(batching, "eligible", lambda o, p: True)
+    monkeypatch.setattr(
+        batching, "timed_together", lambda entries, s: [measure(f, device="cpu", settings=s) for f in entries]
+    )
+    asked = []
+
+    def sharing(device, fresh=False):
+        asked.append(fresh)
+        return {"shared_gpu": {"pids": [4242], "names": ["python3"]}} if fresh else {}
+
+    monkeypatch.setattr(shared_gpu, "record_fields", sharing)
+    cpu = DeviceInfo("cpu")
+    b = batching.Batcher(cpu, opts, None)
+    for it in items[:2]:
+        base, prep = prepare_item(it, cpu, opts, 1)
+        b.offer(it, base, prep, 0.01)
+    got = []
+    b.time_all(lambda item, fields: got.append(fields))
+    assert asked[0] is True  # asked afresh as the batch began, not from a cache
+    assert [f["shared_gpu"]["pids"] for f in got] == [[4242], [4242]]

@@ -99,6 +99,9 @@ class Batcher:
         held, self.held = self.held, []
         if not held:
             return
+        from dskbench.execution import shared_gpu
+
+        before = shared_gpu.record_fields(self.device.kind, fresh=True)  # its cases' records carry it
         t0 = time.perf_counter()
         try:
             got = timed_together([[h.prep.launch] for h in held], measure_settings(self.opts))
@@ -125,6 +128,8 @@ class Batcher:
                 if is_poisoning(f"{type(e).__name__}: {e}"):
                     raise
                 fields = error_fields(h.item, e)
+            if before and fields.get("status") == "ok" and "shared_gpu" not in fields:
+                fields.update(before)  # others used the GPU when the batch began: they shared its sampling
             own = h.prep_s + (time.perf_counter() - t_case) + (0.0 if isinstance(m, str) else share)
             emit(h.item, with_item_time(fields, own))
         del held, got

@@ -40,14 +40,15 @@ def start_check(n_gpus: int, kind: str, stream: IO[str] | None = None) -> list[d
     return [s.to_json() for s in found]
 
 
-def record_fields(device: str) -> dict[str, Any]:
-    """`{"shared_gpu": {...}}` for a result measured now while other processes use the GPU, else {}."""
+def record_fields(device: str, fresh: bool = False) -> dict[str, Any]:
+    """`{"shared_gpu": {...}}` for a result measured now while other processes use the GPU, else {}.
+    `fresh`: ask NVML now rather than take a finding of the last few seconds (a batch's start)."""
     global _watch
     if device != "cuda":
         return {}
     if _watch is None:
         _watch = SharingWatch()
-    field = _watch.current().record_field()
+    field = (_watch.refresh() if fresh else _watch.current()).record_field()
     return {"shared_gpu": field} if field else {}
 
 

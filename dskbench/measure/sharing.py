@@ -254,7 +254,11 @@ class SharingWatch:
         self._at = 0.0
 
     def current(self) -> Sharing:
-        now = self.clock()
-        if self._last is None or now - self._at >= self.period_s:
-            self._last, self._at = self.probe(), now
+        if self._last is None or self.clock() - self._at >= self.period_s:
+            return self.refresh()
+        return self._last
+
+    def refresh(self) -> Sharing:
+        """Ask NVML now."""
+        self._last, self._at = self.probe(), self.clock()
         return self._last
