@@ -49,10 +49,14 @@ class Settings:
     mode: str = ""
     flush: str = ""
     seeds: str = ""
+    # "batched" (cold cases sampled together, read from CUPTI) or "per-case" (event timer): the two
+    # differ by a few tenths of a microsecond on some kernels, so a comparison across them says so
+    timer: str = ""
 
     def describe(self) -> str:
         parts = [f"mode {self.mode or 'unrecorded'}", f"flush {self.flush or 'unrecorded'}"]
-        return ", ".join(parts) + f", inputs {self.seeds or 'unrecorded'}"
+        timer = f", timer {self.timer}" if self.timer else ""
+        return ", ".join(parts) + f", inputs {self.seeds or 'unrecorded'}" + timer
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,10 @@ def settings_of(env: Mapping[str, Any]) -> Settings:
         seeds = "fresh each run" if s["seed"] is None else f"seed {s['seed']}"
     else:
         seeds = ""
-    return Settings(str(s.get("mode") or ""), str(s.get("flush") or ""), seeds)
+    timer = ""
+    if s.get("device") == "cuda" and (s.get("mode") or "cold") == "cold":
+        timer = "batched" if s.get("batch") else "per-case"  # files before batching: per-case
+    return Settings(str(s.get("mode") or ""), str(s.get("flush") or ""), seeds, timer)
 
 
 def stat_from_record(rec: Mapping[str, Any], commit: str = "") -> Stat:

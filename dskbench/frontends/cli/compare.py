@@ -200,7 +200,7 @@ def median_only_note(result: Comparison) -> str:
 
 def _settings_diff(a: set, b: set) -> str:
     parts = []
-    for f in ("mode", "flush", "seeds"):
+    for f in ("mode", "flush", "seeds", "timer"):
         va = sorted({getattr(s, f) or "unrecorded" for s in a})
         vb = sorted({getattr(s, f) or "unrecorded" for s in b})
         if va != vb:
