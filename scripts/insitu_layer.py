@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-len",
         type=int,
         default=None,
-        help="attention context (default: dskbench/data/shapes/deployment.yaml)",
+        help="attention context (default: shapes/deployment.yaml)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("results/insitu-layer.json"))

@@ -333,7 +333,7 @@ def test_an_edited_shapes_file_fails_with_one_line_naming_the_key(tmp_path, old,
 def test_the_committed_file_passes_the_schema(monkeypatch):
     monkeypatch.chdir(paths.REPO_ROOT)
     shapes = load_shapes(paths.SHAPES_FILE)
-    assert shapes.source == "dskbench/data/shapes/deepseek_r1_nvfp4.yaml"  # as the user would type it
+    assert shapes.source == "shapes/deepseek_r1_nvfp4.yaml"  # as the user would type it
     assert set(shapes.ops) == set(S.ops) and shapes.config == S.config
 
 

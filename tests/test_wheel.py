@@ -135,13 +135,17 @@ def _paths_in(env: dict[str, str], cwd: Path) -> dict[str, str]:
     return json.loads(r.stdout)
 
 
-def test_a_checkout_reads_the_package_data_and_writes_its_results_folder(tmp_path):
+def test_a_checkout_reads_its_top_level_data_and_writes_its_results_folder(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DSKBENCH_ROOT"}
     got = _paths_in(env, tmp_path)
+    assert got["SHAPES_FILE"] == str(REPO / "shapes" / "deepseek_r1_nvfp4.yaml")
+    assert got["DEPLOYMENT_FILE"] == str(REPO / "shapes" / "deployment.yaml")
+    assert got["REGISTRY_DIR"] == str(REPO / "kernels_registry")
+    # the package's data is the same files: what a wheel carries is what the checkout reads
     data = REPO / "dskbench" / "data"
-    assert got["SHAPES_FILE"] == str(data / "shapes" / "deepseek_r1_nvfp4.yaml")
-    assert got["DEPLOYMENT_FILE"] == str(data / "shapes" / "deployment.yaml")
-    assert got["REGISTRY_DIR"] == str(data / "registry")
+    assert (data / "shapes").resolve() == REPO / "shapes" and (
+        data / "registry"
+    ).resolve() == REPO / "kernels_registry"
     assert got["TRACES_DIR"] == str(REPO / "traces")
     assert got["RESULTS_DIR"] == str(REPO / "results")  # from a checkout: its results/, whatever the cwd
 

@@ -74,7 +74,7 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 class Adapter:
     """One traced kernel. Subclasses set the class attributes and implement the four methods."""
 
-    kernel: ClassVar[str]  # the registry name (dskbench/data/registry/<kernel>.yaml)
+    kernel: ClassVar[str]  # the registry name (kernels_registry/<kernel>.yaml)
     role: ClassVar[str]  # which view of an op's shapes it reads (shapes file `roles`)
     backends: ClassVar[list[Backend]] = []
     # Ops to use when the registry entry names none that has this adapter's role (e.g. a kernel whose

@@ -1,6 +1,6 @@
 """`dskbench pick`: the fastest correct backend of each DeepSeek op at each batch size, and what a step costs.
 
-For every row of data/shapes/deployment.yaml (an op, or ops whose kernels are chosen together) and batch point,
+For every row of shapes/deployment.yaml (an op, or ops whose kernels are chosen together) and batch point,
 each candidate (one kernel's backend, or a path of several kernels whose medians are summed) is evaluated
 from the results: correct only with status ok; wrong/error candidates are excluded with their reason;
 candidates without a record are "no measurement". The winner and runner-up are a tie unless the runner-up

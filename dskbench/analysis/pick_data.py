@@ -1,6 +1,6 @@
 """The deployment model `dskbench pick` reads: rows of ops in execution order, their candidate paths, the
 server flags that select them, and the layer mix of a step. The data is
-dskbench/data/shapes/deployment.yaml; this module only parses and checks it (every flag value must be one
+shapes/deployment.yaml; this module only parses and checks it (every flag value must be one
 sglang 0.5.16 accepts).
 """
 

@@ -1,4 +1,4 @@
-"""The kernel registry: trace documents -> one YAML file per kernel (dskbench/data/registry/) -> entries.
+"""The kernel registry: trace documents -> one YAML file per kernel (kernels_registry/) -> entries.
 
 traces.py (the markdown walker, with trace_cells.py and trace_model.py) reads the documents; aliases.py
 their vocabulary; merge.py and ops.py build each entry; generate.py writes and checks a folder it owns

@@ -20,7 +20,7 @@ def _header(p: Pick) -> list[str]:
         f"# Backend pick: {p.device}, tp={p.tp}",
         "",
         f"Inputs: {', '.join(p.inputs) or '-'} ({len(p.runs)} run{'s' if len(p.runs) != 1 else ''}). "
-        "Candidates and paths: dskbench/data/shapes/deployment.yaml.",
+        "Candidates and paths: shapes/deployment.yaml.",
         "",
         "Rule: " + RULE,
         "",

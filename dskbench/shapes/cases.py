@@ -1,6 +1,6 @@
 """Model config, sweeps and op shapes: turns (kernel, op, sweep point) into concrete dimensions.
 
-The data is dskbench/data/shapes/deepseek_r1_nvfp4.yaml; this module only evaluates it. An adapter
+The data is shapes/deepseek_r1_nvfp4.yaml; this module only evaluates it. An adapter
 declares the role it reads (``gemm``, ``norm``, ``moe``...) and gets one Case per op variant and sweep point.
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     reg = sub.add_parser("registry", help="the kernel registry generated from the trace documents")
     reg_sub = reg.add_subparsers(dest="registry_command", required=True)
-    gen = reg_sub.add_parser("generate", help="(re)generate dskbench/data/registry/ from traces/")
+    gen = reg_sub.add_parser("generate", help="(re)generate kernels_registry/ from traces/")
     gen.add_argument(
         "--traces",
         nargs="+",
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     gen.add_argument(
         "--out",
         type=Path,
-        help="output folder: new, empty, or one generate wrote (default: dskbench/data/registry/)",
+        help="output folder: new, empty, or one generate wrote (default: kernels_registry/)",
     )
     gen.add_argument("--check", action="store_true", help="fail if the committed registry differs")
 
