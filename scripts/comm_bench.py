@@ -49,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dskbench.setup.visible import visible_devices  # noqa: E402 - light: reads the environment only
+from dskbench.device.visible import visible_devices  # noqa: E402 - light: reads the environment only
 
 # DSKBENCH_NO_MULTICAST=1: NVLink multicast off in every rank, set before torch, NCCL or torch's symmetric
 # memory read it (for GPUs shared with other tenants); else as the host has it. The same values as
@@ -611,9 +611,10 @@ def run(args: argparse.Namespace, plans: list[Plan], world: int, watchdog: Watch
     import torch.distributed as dist
 
     from dskbench.adapters import get_adapter
-    from dskbench.adapters.backends import DeviceInfo, Unavailable, resolve
+    from dskbench.adapters.backends import Unavailable, resolve
     from dskbench.adapters.comm.rank import RankContext
     from dskbench.adapters.comm.setups import RANK_SETUPS
+    from dskbench.device.info import DeviceInfo
     from dskbench.execution.case import backend_block
     from dskbench.execution.gate import why_not
     from dskbench.execution.items import SweepOptions, sweep_seed

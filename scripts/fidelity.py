@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton.testing
 
     from dskbench import measure as core
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
     from dskbench.execution.runner import prepare_case
     from dskbench.registry.load import load_registry
     from dskbench.shapes.cases import default_shapes

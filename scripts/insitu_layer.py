@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/insitu-layer.json"))
     args = ap.parse_args(argv)
 
-    from dskbench.adapters.backends import DeviceInfo
     from dskbench.analysis.pick import load_runs, pick
+    from dskbench.device.info import DeviceInfo
     from dskbench.measure import MeasureSettings
 
     device = DeviceInfo.detect("cuda")

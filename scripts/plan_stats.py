@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dskbench.adapters import get_adapter  # noqa: E402
-from dskbench.adapters.backends import DeviceInfo  # noqa: E402
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.gate import why_not  # noqa: E402
 from dskbench.execution.items import SweepOptions, WorkItem  # noqa: E402
 from dskbench.execution.runner import plan_sweep  # noqa: E402

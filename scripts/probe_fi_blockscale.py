@@ -26,9 +26,9 @@ def main() -> int:
     import torch
     from flashinfer.gemm import fp8_blockscale_gemm_sm90 as fn
 
-    from dskbench.adapters.backends import DeviceInfo
     from dskbench.adapters.base import rel_error
     from dskbench.adapters.common import fp8
+    from dskbench.device.info import DeviceInfo
     from dskbench.results.environment import environment
 
     rows = []

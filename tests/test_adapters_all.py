@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dskbench.adapters import adapters
-from dskbench.adapters.backends import KINDS, DeviceInfo
+from dskbench.adapters.backends import KINDS
+from dskbench.device.info import DeviceInfo
 from dskbench.registry.load import load_registry
 from dskbench.shapes.cases import default_shapes
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters.backends import DeviceInfo
 from dskbench.adapters.common import fp8
 from dskbench.adapters.common.routing import grouped_topk
 from dskbench.adapters.moe.inputs import ExpertWeights, fused_sum
 from dskbench.adapters.moe.reference import quant_dequant_groups, routed_experts_reference
 from dskbench.adapters.moe.trtllm_fp8_per_tensor import per_tensor_weights
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.gate import why_not
 from dskbench.shapes.cases import default_shapes
 from tests.test_adapters_moe import moe_case

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from dskbench.adapters import adapters, get_adapter
-from dskbench.adapters.backends import DeviceInfo
 from dskbench.adapters.common import marlin
 from dskbench.adapters.common import nvfp4 as fp4
 from dskbench.adapters.common.nvfp4_adapter import Refs, Tagged
@@ -22,6 +21,7 @@ from dskbench.adapters.common.routing import grouped_topk
 from dskbench.adapters.gemm import nvfp4_gemm
 from dskbench.adapters.moe import nvfp4_common, nvfp4_experts_quant, nvfp4_group_mm, nvfp4_trtllm
 from dskbench.adapters.quant import nvfp4_quant
+from dskbench.device.info import DeviceInfo
 from dskbench.shapes.cases import Case, default_shapes
 
 KERNELS = (

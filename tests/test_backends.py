@@ -10,13 +10,13 @@ import pytest
 from dskbench.adapters.backends import (
     SM100,
     Backend,
-    DeviceInfo,
     Requirement,
     Unavailable,
     distribution_of,
     import_target,
     resolve,
 )
+from dskbench.device.info import DeviceInfo
 
 H100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 90, 1)
 B200 = DeviceInfo("cuda", "NVIDIA B200", 100, 8)

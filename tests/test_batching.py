@@ -127,7 +127,7 @@ def test_a_poisoning_error_while_cases_are_held_loses_none_of_them(tmp_path, fak
 
 
 def test_an_impossible_or_missing_batch_measurement_is_timed_alone(monkeypatch):
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
     from dskbench.execution import batching
     from dskbench.execution.case import prepare_item
     from dskbench.execution.items import SweepOptions
@@ -183,7 +183,7 @@ def test_an_impossible_or_missing_batch_measurement_is_timed_alone(monkeypatch):
 
 
 def test_a_batch_begun_beside_another_process_flags_every_case_it_timed(monkeypatch):
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
     from dskbench.execution import batching, shared_gpu
     from dskbench.execution.case import prepare_item
     from dskbench.execution.items import SweepOptions

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tests.fake_adapters  # noqa: F401 - registers the fake kernels in this process
-from dskbench.adapters.backends import DeviceInfo
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.case import execute_item
 from dskbench.execution.runner import SweepOptions, plan_sweep
 from dskbench.frontends import cli

@@ -19,7 +19,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dskbench.adapters.backends import DeviceInfo
 from dskbench.adapters.comm.allreduce import (
     CustomAllReduce,
     FlashInferCommFusion,
@@ -29,6 +28,7 @@ from dskbench.adapters.comm.allreduce import (
     comm_cases,
 )
 from dskbench.adapters.comm.setups import RANK_SETUPS
+from dskbench.device.info import DeviceInfo
 from dskbench.execution import shard
 from dskbench.execution.runner import SweepOptions, WorkItem, plan_sweep, prepare_case, run_one
 from dskbench.measure.collective import Agreement, measure_collective

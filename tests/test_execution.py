@@ -22,7 +22,7 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
 import tests.fake_adapters  # noqa: E402,F401
 import tests.fake_shard_adapters  # noqa: E402,F401
-from dskbench.adapters.backends import DeviceInfo  # noqa: E402
+from dskbench.device.info import DeviceInfo  # noqa: E402
 from dskbench.execution import case as case_mod  # noqa: E402
 from dskbench.execution import pool as pool_mod  # noqa: E402
 from dskbench.execution import warm  # noqa: E402

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dskbench.adapters.backends import CPU_OK, SM100, Backend, DeviceInfo, Requirement
+from dskbench.adapters.backends import CPU_OK, SM100, Backend, Requirement
 from dskbench.adapters.base import Traffic
+from dskbench.device.info import DeviceInfo
 from dskbench.execution import case as case_mod
 from dskbench.execution import cost
 from dskbench.execution.gate import applicable, memory_reason, why_not

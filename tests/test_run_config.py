@@ -1,5 +1,5 @@
 """The one run configuration (dskbench.execution.config) and CUDA_VISIBLE_DEVICES read one way
-(dskbench.setup.visible): CPU, fake kernels."""
+(dskbench.device.visible): CPU, fake kernels."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
 
+from dskbench.device.visible import visible_devices  # noqa: E402
 from dskbench.execution.config import RunConfig, plan_run  # noqa: E402
 from dskbench.execution.items import PlanError, SweepOptions  # noqa: E402
 from dskbench.execution.selection import SelectionError  # noqa: E402
-from dskbench.setup.visible import visible_devices  # noqa: E402
 from dskbench.shapes.cases import default_shapes  # noqa: E402
 from tests.fake_adapters import registry_entry as _entry  # noqa: E402
 

@@ -151,7 +151,7 @@ def test_clean_up_between_cases_is_periodic_unless_a_case_failed(monkeypatch):
     import gc
     import itertools
 
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
     from dskbench.execution import case as runner
 
     calls = []

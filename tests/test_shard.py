@@ -14,7 +14,7 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
 import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
 import tests.fake_shard_adapters  # noqa: E402,F401
-from dskbench.adapters.backends import DeviceInfo  # noqa: E402
+from dskbench.device.info import DeviceInfo  # noqa: E402
 from dskbench.execution import cost as cost_model  # noqa: E402
 from dskbench.execution import shard  # noqa: E402
 from dskbench.execution.runner import SweepOptions, WorkItem, plan_sweep, run_sweep  # noqa: E402

@@ -172,7 +172,7 @@ def test_a_case_measured_on_a_shared_gpu_records_it(monkeypatch):
     """execute_item adds the helper's field to an ok record, and the record type keeps it."""
     os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
     import tests.fake_adapters  # noqa: F401 - registers the fakes
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
     from dskbench.execution import case as case_mod
     from dskbench.execution.items import SweepOptions, WorkItem
     from dskbench.results.records import ResultRecord

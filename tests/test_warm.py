@@ -11,7 +11,7 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
 import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
 import tests.fake_shard_adapters  # noqa: E402,F401
-from dskbench.adapters.backends import DeviceInfo  # noqa: E402
+from dskbench.device.info import DeviceInfo  # noqa: E402
 from dskbench.execution import warm  # noqa: E402
 from dskbench.execution.runner import SweepOptions, WorkItem, execute_item, plan_sweep  # noqa: E402
 from dskbench.frontends import cli  # noqa: E402

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dskbench.device.info import DeviceInfo
+
 # kind of build, recorded with results
 KINDS = ("aot", "jit", "triton", "cutedsl", "cubin", "torch", "host")
 
@@ -79,33 +81,6 @@ SM100 = Requirement(sm=(100, 103))
 SM90_ONLY = Requirement(sm=(90,))
 ANY_CUDA = Requirement()
 CPU_OK = Requirement(cuda=False)
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """The machine a sweep plans for: what gating (dskbench.execution.gate) compares requirements with."""
-
-    kind: str  # "cuda" or "cpu"
-    name: str = "cpu"
-    sm: int = 0
-    count: int = 0
-    memory_bytes: int | None = None  # one GPU's total memory; None: not checked (a CPU)
-
-    @classmethod
-    def detect(cls, want: str = "cuda") -> DeviceInfo:
-        if want == "cpu":
-            return cls("cpu")
-        try:
-            import torch
-        except ImportError:
-            return cls("cpu")
-        if not torch.cuda.is_available():
-            return cls("cpu")
-        major, minor = torch.cuda.get_device_capability()
-        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        return cls(
-            "cuda", torch.cuda.get_device_name(), major * 10 + minor, torch.cuda.device_count(), int(memory)
-        )
 
 
 # bind(fn, inputs, case) -> zero-argument launcher that runs the kernel once and returns its output.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dskbench.adapters.backends import DeviceInfo
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.case import (
     Prepared,
     error_fields,

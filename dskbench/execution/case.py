@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters.backends import Backend, DeviceInfo, Unavailable, resolve
+from dskbench.adapters.backends import Backend, Unavailable, resolve
+from dskbench.device.info import DeviceInfo
 from dskbench.execution import shared_gpu
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed

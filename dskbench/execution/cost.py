@@ -3,7 +3,7 @@ its limits from. Only relative sizes matter for balance; the hang limit multipli
 
 from __future__ import annotations
 
-from dskbench.adapters.backends import DeviceInfo
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import WorkItem
 from dskbench.shapes.cases import Case

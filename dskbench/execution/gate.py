@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dskbench.adapters.backends import Backend, DeviceInfo
+from dskbench.adapters.backends import Backend
+from dskbench.device.info import DeviceInfo
 from dskbench.shapes.cases import Case
 
 # The share of a GPU's memory a case's minimum traffic may take: inputs and outputs are only part of

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.adapters import get_adapter
-from dskbench.adapters.backends import Backend, DeviceInfo
+from dskbench.adapters.backends import Backend
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.case import (  # noqa: F401 - the public names of one case's execution
     Prepared,
     backend_block,

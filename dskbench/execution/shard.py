@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dskbench.adapters.backends import DeviceInfo
+from dskbench.device.info import DeviceInfo
+from dskbench.device.visible import visible_devices
 from dskbench.execution.case import measure_settings, timed_ceilings
 from dskbench.execution.cost import (
     UNIT_OVERHEAD_S,
@@ -51,7 +52,6 @@ from dskbench.execution.shared_gpu import start_check
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
 from dskbench.execution.twins import measure_once
 from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
-from dskbench.setup.visible import visible_devices
 
 PROBE_PREFIX = "PROBE "
 PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU

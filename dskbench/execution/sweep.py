@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dskbench.adapters.backends import DeviceInfo
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.case import measure_settings, run_one
 from dskbench.execution.cost import item_cost
 from dskbench.execution.items import SweepOptions, WorkItem

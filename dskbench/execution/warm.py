@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dskbench.adapters.backends import DeviceInfo
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.sweep import case_limits, worker_plan

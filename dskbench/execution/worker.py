@@ -40,7 +40,7 @@ def result(index: int, fields: dict[str, Any]) -> bool:
 def main(argv: list[str]) -> int:
     plan = json.loads(sys.stdin.readline())
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
     from dskbench.execution import batching
     from dskbench.execution.case import free_memory, run_one
     from dskbench.execution.items import SweepOptions, WorkItem

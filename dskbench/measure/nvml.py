@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from dskbench.setup.visible import visible_devices
+from dskbench.device.visible import visible_devices
 
 # NVML clock-event reason bits (nvml.h nvmlClocksEventReason*, formerly nvmlClocksThrottleReason*)
 REASON_BITS: dict[int, str] = {

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dskbench import __version__, paths
-from dskbench.adapters.backends import DeviceInfo, package_version
+from dskbench.adapters.backends import package_version
+from dskbench.device.info import DeviceInfo
 
 # Distributions whose versions decide what a kernel measurement means.
 TRACKED_PACKAGES = (

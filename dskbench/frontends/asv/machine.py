@@ -40,7 +40,7 @@ def _nvml() -> Any:
 
 def _visible(lib: Any) -> list[Any]:
     """NVML handles of the GPUs CUDA would use, in CUDA's order (CUDA_VISIBLE_DEVICES honoured)."""
-    from dskbench.setup.visible import visible_devices
+    from dskbench.device.visible import visible_devices
 
     count = int(lib.nvmlDeviceGetCount())
     tokens = visible_devices()

@@ -44,7 +44,7 @@ def registry_and_shapes() -> tuple[dict[str, Any], Any]:
 
 def device_choice(requested: str | None) -> tuple[str, str | None]:
     """The device to run on, and a message to print (or an error)."""
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
 
     found = DeviceInfo.detect("cuda")
     if requested == "cuda" and found.kind != "cuda":
@@ -69,7 +69,7 @@ def sweeps(asked: list[str] | None) -> list[str]:
 
 def visible_gpu_count(device: str) -> int:
     """GPUs torch sees when running on CUDA; none on the CPU (what --gpus is checked against)."""
-    from dskbench.adapters.backends import DeviceInfo
+    from dskbench.device.info import DeviceInfo
 
     return DeviceInfo.detect("cuda").count if device == "cuda" else 0
 
