@@ -2,7 +2,7 @@
 
 asv 0.6.6's index.html loads jQuery, flot, bootstrap and friends from CDNs; on an offline GPU box or in
 CI the page stays blank ("Can not determine continental origin of swallow"). This copies the files in
-dskbench/report/asv_vendor/ (see SOURCES.md there) into HTML_DIR/vendor/ and rewrites the URLs.
+dskbench/frontends/asv/vendor/ (see SOURCES.md there) into HTML_DIR/vendor/ and rewrites the URLs.
 
     asv publish && python -m dskbench.frontends.asv.offline results/asv-html
 """
@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-VENDOR = Path(__file__).resolve().parents[2] / "report" / "asv_vendor"
+VENDOR = Path(__file__).resolve().parent / "vendor"
 
 # asv 0.6.6's external resources -> our copies
 CDN_TO_LOCAL = {
