@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/insitu-layer.json"))
     args = ap.parse_args(argv)
 
-    from dskbench.analysis.pick import load_runs, pick
     from dskbench.device.info import DeviceInfo
     from dskbench.measure import MeasureSettings
+    from dskbench.pick.choose import load_runs, pick
 
     device = DeviceInfo.detect("cuda")
     if device.kind != "cuda":

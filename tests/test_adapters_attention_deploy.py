@@ -16,7 +16,7 @@ from dskbench.adapters.attention import mha_prefill as MP
 from dskbench.adapters.attention import mla as MLA
 from dskbench.adapters.attention.mla_decode_fa3 import page_size_one_table
 from dskbench.adapters.backends import SM90_ONLY, SM100, Unavailable, resolve
-from dskbench.analysis.pick_data import load_deployment
+from dskbench.pick.deployment import load_deployment
 from dskbench.registry.load import load_registry
 from dskbench.shapes.cases import Case, default_shapes
 

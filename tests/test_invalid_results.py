@@ -15,10 +15,10 @@ from fake_results import COMMIT_A, COMMIT_B, _case, _ok, environment, write_runs
 
 from dskbench.analysis.compare import compare
 from dskbench.analysis.compare_inputs import load_side
-from dskbench.analysis.pick import Picker, ResultIndex, load_runs, pick
-from dskbench.analysis.pick_data import load_deployment
 from dskbench.frontends import cli
-from dskbench.report.pick_markdown import render_markdown
+from dskbench.pick.choose import Picker, ResultIndex, load_runs, pick
+from dskbench.pick.deployment import load_deployment
+from dskbench.pick.markdown import render_markdown
 from dskbench.results.io import Run, finished_cases, iter_records, read_runs, result_record
 from dskbench.shapes.cases import default_shapes
 from tests.test_pick import DEPLOYMENT

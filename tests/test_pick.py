@@ -10,14 +10,14 @@ import pytest
 
 from dskbench import paths
 from dskbench.analysis.compare import format_number
-from dskbench.analysis.pick import Picker, ResultIndex, Total, combine, load_runs, pick
-from dskbench.analysis.pick_data import DeploymentError, load_deployment
 from dskbench.analysis.verdict import Stat, judge, mann_whitney_p
-from dskbench.report.pick_command import cli_pick
-from dskbench.report.pick_json import render_json
-from dskbench.report.pick_markdown import render_markdown
-from dskbench.report.pick_page import render_html
-from dskbench.report.pick_tables import total_text
+from dskbench.pick.choose import Picker, ResultIndex, Total, combine, load_runs, pick
+from dskbench.pick.command import cli_pick
+from dskbench.pick.deployment import DeploymentError, load_deployment
+from dskbench.pick.json_out import render_json
+from dskbench.pick.markdown import render_markdown
+from dskbench.pick.page import render_html
+from dskbench.pick.tables import total_text
 from dskbench.results.io import Run, environment_record, result_record
 from dskbench.shapes.cases import default_shapes
 
@@ -189,8 +189,8 @@ def test_tie_needs_the_noise_floor_not_only_the_rank_test():
     """40 samples a side separate a 3% margin at 2 us (the U test alone would call it a win), but
     unchanged code moves more than that between runs: a tie, by the rule compare uses. A 30% margin
     is beyond the noise floor: a win."""
-    from dskbench.analysis.pick import Outcome, judge_cell
-    from dskbench.analysis.pick_data import PathSpec
+    from dskbench.pick.choose import Outcome, judge_cell
+    from dskbench.pick.deployment import PathSpec
 
     def stat(v: float) -> Stat:
         xs = tuple(v + 0.1 * (2 * i / 39 - 1) for i in range(40))

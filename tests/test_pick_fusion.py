@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from dskbench.analysis.pick import Picker, ResultIndex, pick
-from dskbench.analysis.pick_data import DeploymentError, load_deployment
-from dskbench.report.pick_markdown import render_markdown
-from dskbench.report.pick_tables import total_text
+from dskbench.pick.choose import Picker, ResultIndex, pick
+from dskbench.pick.deployment import DeploymentError, load_deployment
+from dskbench.pick.markdown import render_markdown
+from dskbench.pick.tables import total_text
 from dskbench.shapes.cases import default_shapes
 from tests.test_pick import rec, run_of
 

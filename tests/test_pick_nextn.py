@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dskbench.analysis.pick import pick
-from dskbench.analysis.pick_data import DeploymentError, load_deployment
+from dskbench.pick.choose import pick
+from dskbench.pick.deployment import DeploymentError, load_deployment
 from dskbench.shapes.cases import default_shapes
 from tests.test_pick import DEPLOYMENT, rec, run_of
 

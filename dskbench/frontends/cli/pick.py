@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from dskbench.report.pick_command import cli_pick
+    from dskbench.pick.command import cli_pick
 
     batch = list(args.batch) if args.batch else None
     return cli_pick(

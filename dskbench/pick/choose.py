@@ -9,9 +9,9 @@ beyond the noise floor of the winner's latency band and, with raw samples on bot
 test separates them). The step estimate sums the winners over the layer
 mix (dense and MoE layers, plus the NextN layer with speculative decoding), listing the rows it lacks.
 
-The model is in layers, each importing only those before it: pick_data (the deployment file), pick_index
-(the results), pick_eval (candidates at one point), pick_rows (a phase's rows), pick_estimate (step and
-flags), and this module (the whole pick and its launch command). Rendering lives in dskbench.report.
+The model is in layers, each importing only those before it: deployment (the deployment file), index
+(the results), evaluate (candidates at one point), rows (a phase's rows), estimate (step and flags), and
+this module (the whole pick and its launch command). Rendering is tables, markdown, json_out and page.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dskbench.analysis.compare_inputs import device_name
-from dskbench.analysis.pick_data import Deployment, load_deployment
-from dskbench.analysis.pick_estimate import Estimate, FlagChoice, Total, estimate, flag_choices
-from dskbench.analysis.pick_eval import Cell, Outcome, PartResult, combine, eval_part, eval_path, judge_cell
-from dskbench.analysis.pick_index import PHASES, REFERENCE, Measured, ResultIndex, batch_var, measured_tps
-from dskbench.analysis.pick_rows import Picker, RowPick
+from dskbench.pick.deployment import Deployment, load_deployment
+from dskbench.pick.estimate import Estimate, FlagChoice, Total, estimate, flag_choices
+from dskbench.pick.evaluate import Cell, Outcome, PartResult, combine, eval_part, eval_path, judge_cell
+from dskbench.pick.index import PHASES, REFERENCE, Measured, ResultIndex, batch_var, measured_tps
+from dskbench.pick.rows import Picker, RowPick
 from dskbench.results.io import Run, read_runs
 from dskbench.shapes.cases import ModelShapes, default_shapes
 

@@ -1,12 +1,12 @@
-"""A Pick as a standalone HTML page (pick.html): the tables of dskbench.report.pick_tables, written out by
+"""A Pick as a standalone HTML page (pick.html): the tables of dskbench.pick.tables, written out by
 templates/pick.html.j2 with the stylesheet every dskbench page shares."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dskbench.analysis.pick import PhasePick, Pick
-from dskbench.report.pick_tables import RULE, details, launch_notes, tables
+from dskbench.pick.choose import PhasePick, Pick
+from dskbench.pick.tables import RULE, details, launch_notes, tables
 from dskbench.report.templating import render_page
 
 

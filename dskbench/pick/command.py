@@ -1,5 +1,5 @@
 """`dskbench pick`: read the results, pick, and print the Markdown, or write pick.md, pick.html and
-pick.json and print a short summary. The model is dskbench.analysis.pick; the renderers are beside this."""
+pick.json and print a short summary. The model is dskbench.pick.choose; the renderers are beside this."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dskbench.analysis.pick import PHASES, REFERENCE, PickError, check_tp, load_runs, pick
-from dskbench.analysis.pick_data import DeploymentError
-from dskbench.report.pick_json import render_json
-from dskbench.report.pick_markdown import render_markdown, render_summary
-from dskbench.report.pick_page import render_html
+from dskbench.pick.choose import PHASES, REFERENCE, PickError, check_tp, load_runs, pick
+from dskbench.pick.deployment import DeploymentError
+from dskbench.pick.json_out import render_json
+from dskbench.pick.markdown import render_markdown, render_summary
+from dskbench.pick.page import render_html
 from dskbench.results.io import ResultsError, Run
 from dskbench.shapes.cases import ShapeError
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dskbench.analysis.compare import format_number
-from dskbench.analysis.pick import Cell, Estimate, FlagChoice, Launch, Outcome, PhasePick, Total
-from dskbench.analysis.pick_index import batch_var
+from dskbench.pick.choose import Cell, Estimate, FlagChoice, Launch, Outcome, PhasePick, Total
+from dskbench.pick.index import batch_var
 
 RULE = (
     "winner = lowest median among correct (status ok) candidates; a path sums its kernels' medians and "

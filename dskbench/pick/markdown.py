@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dskbench.analysis.pick import Pick
-from dskbench.analysis.pick_index import batch_var
-from dskbench.report.pick_tables import RULE, details, launch_notes, tables, total_text
+from dskbench.pick.choose import Pick
+from dskbench.pick.index import batch_var
+from dskbench.pick.tables import RULE, details, launch_notes, tables, total_text
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:

@@ -7,9 +7,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from dskbench.analysis.pick_data import Deployment, Part, PathSpec, RowSpec
-from dskbench.analysis.pick_eval import Cell, Outcome, combine, eval_path, judge_cell
-from dskbench.analysis.pick_index import REFERENCE, ResultIndex
+from dskbench.pick.deployment import Deployment, Part, PathSpec, RowSpec
+from dskbench.pick.evaluate import Cell, Outcome, combine, eval_path, judge_cell
+from dskbench.pick.index import REFERENCE, ResultIndex
 
 
 @dataclass

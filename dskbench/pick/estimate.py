@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from dskbench.analysis.pick_data import RowSpec
-from dskbench.analysis.pick_eval import Cell
-from dskbench.analysis.pick_rows import Picker
+from dskbench.pick.deployment import RowSpec
+from dskbench.pick.evaluate import Cell
+from dskbench.pick.rows import Picker
 
 
 @dataclass

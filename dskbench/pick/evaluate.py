@@ -8,9 +8,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dskbench.analysis.pick_data import Part, PathSpec
-from dskbench.analysis.pick_index import REFERENCE, Measured, ResultIndex
 from dskbench.analysis.verdict import Stat, judge
+from dskbench.pick.deployment import Part, PathSpec
+from dskbench.pick.index import REFERENCE, Measured, ResultIndex
 
 FAIL_ORDER = ("wrong", "error", "skipped", "invalid", "missing")
 

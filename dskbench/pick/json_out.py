@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dskbench.analysis.pick import Cell, Outcome, Pick, RowPick, Total
-from dskbench.analysis.pick_index import batch_var
-from dskbench.report.pick_tables import RULE
+from dskbench.pick.choose import Cell, Outcome, Pick, RowPick, Total
+from dskbench.pick.index import batch_var
+from dskbench.pick.tables import RULE
 
 SCHEMA = "dskbench.pick/1"
 
