@@ -176,7 +176,9 @@ def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_
     )
     order = [_index(steps, p) for p in parts]
     assert order == sorted(order)
-    assert re.match(r"python3 -m dskbench.setup.mainjob times --status 0 --box \S+ --out out/report-", steps[-1])
+    assert re.match(
+        r"python3 -m dskbench.setup.mainjob times --status 0 --box \S+ --out out/report-", steps[-1]
+    )
 
 
 def test_run_sh_offline_installs_only_the_gpu_extra(tmp_path):
