@@ -219,3 +219,16 @@ def test_a_batch_begun_beside_another_process_flags_every_case_it_timed(monkeypa
     b.time_all(lambda item, fields: got.append(fields))
     assert asked[0] is True  # asked afresh as the batch began, not from a cache
     assert [f["shared_gpu"]["pids"] for f in got] == [[4242], [4242]]
+
+
+def test_a_batch_is_timed_with_the_runs_calibrated_gap(monkeypatch):
+    """The batched timer subtracts its own launch gap, calibrated once per run like the event timers'."""
+    from dskbench.device.info import DeviceInfo
+    from dskbench.execution import batching
+    from dskbench.execution.items import SweepOptions
+
+    opts = SweepOptions(device="cuda", phases=("decode",), profile="full")
+    ceilings = {"launch_gap": {"cold_us": 0.4, "batch_cold_us": 0.37, "hot_us": 0.3}}
+    s = batching.Batcher(DeviceInfo("cuda", "GPU", 90, 1), opts, ceilings).settings()
+    assert s.launch_gap_us == {"cold": 0.4, "batch_cold": 0.37}
+    assert batching.Batcher(DeviceInfo("cuda", "GPU", 90, 1), opts, None).settings().launch_gap_us is None

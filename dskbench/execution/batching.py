@@ -82,6 +82,12 @@ class Batcher:
         self.held.append(Held(item, base, prep, prep_s))
         return True
 
+    def settings(self) -> Any:
+        """The run's measurement settings with its calibrated launch gaps (the batched timer's among them)."""
+        from dskbench.measure.calibrate import settings_with_gap
+
+        return settings_with_gap(measure_settings(self.opts), self.ceilings)
+
     def full(self) -> bool:
         """Time the held cases now: as many as a batch takes, or their memory is a share of the GPU."""
         if len(self.held) >= BATCH_CASES:
@@ -104,7 +110,7 @@ class Batcher:
         before = shared_gpu.record_fields(self.device.kind, fresh=True)  # its cases' records carry it
         t0 = time.perf_counter()
         try:
-            got = timed_together([[h.prep.launch] for h in held], measure_settings(self.opts))
+            got = timed_together([[h.prep.launch] for h in held], self.settings())
         except Exception as e:  # noqa: BLE001 - the cases are timed alone below, unless the context broke
             if is_poisoning(f"{type(e).__name__}: {e}"):
                 raise
