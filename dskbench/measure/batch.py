@@ -34,7 +34,6 @@ from dskbench.measure.settings import Measurement, MeasureSettings
 METHOD = "cupti-graph"
 MAX_MIN_SAMPLES = 64  # ...for short kernels, where one launch is a noisy sample
 MIN_SAMPLE_US = 2000.0  # device time of a case's first samples (its flushes included)
-CHUNK_TARGET_US = 100_000.0  # device time of the rounds under one profiler session
 MAX_ROUNDS = 2048
 GROWTH = 1.3  # a case short of its noise target asks for this much more than the 1/sqrt(n) law says
 MAX_CHUNK_RETRIES = 2  # chunks whose markers did not add up, before the batch gives up
@@ -285,14 +284,17 @@ def _sample(
     gap: float | None,
 ) -> None:
     """Chunks of rounds until every case's stopper has stopped (or the chunks stop adding up). In a chunk
-    each case takes part in its first `quota` rounds; the chunk ends at CHUNK_TARGET_US of device time."""
+    each case takes part in its first `quota` rounds; the chunk ends after the settings' batch_target_ms
+    of device time and is followed by their cooldown: the per-case timer's duty cycle (100 ms chunks of
+    large GEMMs and flushes held an H200 at its power cap more often than the per-case timer did)."""
+    target_us = settings.batch_target_ms * 1000.0
     misses = 0
     while True:
         active = [c for c in cases.values() if not c.done]
         if not active:
             return
         order: list[int] = []
-        budget, rounds = CHUNK_TARGET_US, 0
+        budget, rounds = target_us, 0
         while rounds < MAX_ROUNDS and budget > 0:
             step = [k for k, c in enumerate(active) if rounds < c.quota]
             if not step:
@@ -330,4 +332,4 @@ def _sample(
             c.done = c.stopper.add(subtract_gap(spans_us, gap)) or c.empty >= 2
             c.quota = 0 if c.done else c.next_quota(settings.max_samples)
         if settings.cooldown > 0:
-            time.sleep(settings.cooldown * (CHUNK_TARGET_US - budget) * 1e-6)
+            time.sleep(settings.cooldown * (target_us - budget) * 1e-6)
