@@ -90,3 +90,34 @@ def version() -> str:
         from dskbench import __version__
 
         return __version__
+
+
+def read_results(files: Any) -> list[Any]:
+    """The runs of results files; an unreadable or malformed one is a usage error naming it."""
+    from dskbench.results.io import ResultsError, read_runs
+
+    try:
+        return read_runs(files)
+    except ResultsError as e:
+        raise UsageError(str(e)) from None
+
+
+def write_json(path: Any, doc: Any, flag: str = "--json") -> None:
+    """`doc` as indented JSON at `path` (its folder made); a path that cannot be written is a usage error."""
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write it: {e.strerror or e}") from None
+
+
+def need_gpu(command: str) -> None:
+    """A command that times on a GPU, run where torch sees none: a usage error that says so."""
+    from dskbench.adapters.backends import DeviceInfo
+
+    if DeviceInfo.detect("cuda").kind != "cuda":
+        raise UsageError(
+            f"{command} needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False)"
+        )
