@@ -66,7 +66,9 @@ def launches_per_sample(path: str | Path) -> dict[Key, int]:
     return out
 
 
-def fit(pairs_given: Sequence[tuple[str, str | Path, str | Path]], quantile: float, custom: bool) -> dict[str, Any]:
+def fit(
+    pairs_given: Sequence[tuple[str, str | Path, str | Path]], quantile: float, custom: bool
+) -> dict[str, Any]:
     """The prior document fitted from (name, A, B) pairs: bands, the settings measured with, the pairs."""
     fitted = [pair(n, a, b) for n, a, b in pairs_given]
     pairs = [pc for pc, _ in fitted]
@@ -108,7 +110,3 @@ def _rel(p: str | Path) -> str:
         return str(Path(p).resolve().relative_to(ROOT))
     except ValueError:
         return str(p)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

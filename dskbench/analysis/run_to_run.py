@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from dskbench.measure.stats import quantile
@@ -72,7 +71,9 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
         f"max {s['max_abs_pct']}%, mean signed {s['mean_signed_pct']}%"
     ]
     for band, b in doc["bands"].items():
-        lines.append(f"  {band:>14}: {b['pairs']:5} pairs, median {b['median_abs_pct']}%, p90 {b['p90_abs_pct']}%")
+        lines.append(
+            f"  {band:>14}: {b['pairs']:5} pairs, median {b['median_abs_pct']}%, p90 {b['p90_abs_pct']}%"
+        )
     lines.append("largest:")
     for x in doc["largest"][:8]:
         lines.append(

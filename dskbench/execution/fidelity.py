@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 # kernel, op[:variant], phase, point, backend — chosen to span ~1 µs to ~1 ms

@@ -35,9 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", type=Path, help="prior file to write (default: the one dskbench ships, noise_prior.json)"
     )
-    p.add_argument(
-        "--quantile", type=quantile, help="quantile of |change| a band's floor is (default 0.999)"
-    )
+    p.add_argument("--quantile", type=quantile, help="quantile of |change| a band's floor is (default 0.999)")
 
 
 def command(args: argparse.Namespace) -> int:

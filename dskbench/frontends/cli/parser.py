@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dskbench.frontends.cli import (
+    comm,
     compare,
     fidelity,
     insitu,
@@ -38,6 +39,7 @@ COMMANDS = {
     "run-to-run": run_to_run,
     "noise-prior": noise_prior,
     "pack": pack,
+    "comm": comm,
     "insitu": insitu,
     "fidelity": fidelity,
     "selftest": selftest,

@@ -27,7 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a sweep's size before it runs: items per profile, measured after twins, what each GPU runs",
     )
     p.add_argument(
-        "--profile", action="append", choices=("full", "quick", "cpu"), help="repeatable (default: full, quick)"
+        "--profile",
+        action="append",
+        choices=("full", "quick", "cpu"),
+        help="repeatable (default: full, quick)",
     )
     p.add_argument(
         "--tp", type=types.positive_ints, default=(1, 4, 8), help="TP degrees, e.g. 1,4,8 (default 1,4,8)"
