@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -187,13 +186,12 @@ def test_fit_prior_takes_band_quantiles_inherits_thin_bands_and_measures_the_spr
         fit_prior([PairChanges("empty")])
 
 
-def test_shipped_prior_is_what_scripts_noise_prior_writes(tmp_path: Path):
+def test_shipped_prior_is_what_dskbench_noise_prior_writes(tmp_path: Path):
     """dskbench/analysis/noise_prior.json is data derived from the committed pairs, not hand-typed numbers."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import noise_prior
+    from dskbench.frontends.cli import main
 
     out = tmp_path / "prior.json"
-    assert noise_prior.main(["--out", str(out)]) == 0
+    assert main(["noise-prior", "--out", str(out)]) == 0
     fresh, shipped = (
         json.loads(out.read_text()),
         json.loads((REPO / "dskbench" / "analysis" / "noise_prior.json").read_text()),

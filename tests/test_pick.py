@@ -529,15 +529,10 @@ def test_real_h200_results():
 
 
 def test_insitu_layer_sequence_follows_the_picks(picker):
-    """scripts/insitu_layer.py runs the chosen kernels of one layer in execution order (CPU: the plan only)."""
-    import importlib.util
+    """`dskbench insitu` runs the chosen kernels of one layer in execution order (CPU: the plan only)."""
+    from dskbench.analysis.insitu import layer_kernels
 
-    spec = importlib.util.spec_from_file_location(
-        "insitu_layer", paths.REPO_ROOT / "scripts" / "insitu_layer.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    steps, missing = mod.layer_kernels(picker, 1, 4096, "moe")
+    steps, missing = layer_kernels(picker, 1, 4096, "moe")
     assert [(row, m.kernel, m.backend) for row, m in steps] == [
         ("input_layernorm", "normk", "b_ok"),
         ("attn", "attk", "fa"),
