@@ -59,7 +59,9 @@ def test_wall_per_gpu_and_jit_are_taken_from_the_records(tmp_path, capsys):
     out = tmp_path / "stats.json"
     assert main(["stats", str(p), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("run r1 on NVIDIA H200: 4 records — ok 3, wrong 0, skipped 0, error 1; wall 130.0 s")
+    assert printed.startswith(
+        "run r1 on NVIDIA H200: 4 records — ok 3, wrong 0, skipped 0, error 1; wall 130.0 s"
+    )
     assert "gpu 0: 2 cases, wall 130.0 s, JIT 40.0 s, without JIT 90.0 s" in printed
     assert "  error x1: k · x: boom" in printed
     assert json.loads(out.read_text())[0]["gpu_seconds_without_jit"] == 185.0

@@ -43,10 +43,7 @@ def multi_gpu_reason(needed: int, device: DeviceInfo, ranks: int = 1) -> str | N
         return None
     if needed > device.count:
         return f"needs {needed} GPUs (found {device.count})"
-    return (
-        f"needs {needed} processes, one per GPU: measured by "
-        f"`dskbench comm --nproc {needed}`"
-    )
+    return f"needs {needed} processes, one per GPU: measured by `dskbench comm --nproc {needed}`"
 
 
 def memory_reason(adapter: Any, backend: Backend, case: Case, device: DeviceInfo) -> str | None:
