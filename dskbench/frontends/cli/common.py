@@ -10,7 +10,10 @@ from dskbench import paths
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_PIPE = 141  # stdout's reader went away (`dskbench list | head`): what a shell reports for SIGPIPE
 SWEEPS = ("decode", "prefill", "decode_graph")
-DESCRIPTION = "Command line: `dskbench registry generate | list | run | warm | report | compare | pick`."
+DESCRIPTION = (
+    "Command line: `dskbench registry generate | list | run | warm | compare | pick | report` and the tools "
+    "beside them: `stats | plan-stats | run-to-run | noise-prior | pack | comm | insitu | fidelity | selftest`."
+)
 
 
 class Terminated(KeyboardInterrupt):
