@@ -12,10 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from dskbench.execution import comm_launch, comm_plan, comm_rank
+from dskbench.execution import comm_launch, comm_plan
 from dskbench.frontends.cli import main
+from dskbench.results.environment import NO_MULTICAST_ENV
 from dskbench.results.io import read_runs
 from tests.comm_ranks import COMM, REPO
+
+
+@pytest.fixture(autouse=True)
+def _rank_environment(monkeypatch):
+    """The variables `dskbench comm` sets in its process, restored after each test."""
+    for k in (*NO_MULTICAST_ENV, "SGLANG_SKIP_P2P_CHECK", "DSKBENCH_NO_MULTICAST"):
+        monkeypatch.setenv(k, "x")
+        monkeypatch.delenv(k)
 
 
 def test_comm_driver_runs_one_torchrun_per_backend(tmp_path):
@@ -233,7 +242,7 @@ def test_driver_records_the_case_a_failed_torchrun_was_on(monkeypatch, tmp_path,
         limit = (
             comm_plan.SETUP_TIMEOUT_S
             + 3 * comm_plan.CASE_TIMEOUT_S
-            + 2 * comm_rank.TEARDOWN_S
+            + 2 * comm_plan.TEARDOWN_S
             + comm_plan.START_S
         )
         why = (

@@ -21,17 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.execution.comm_plan import (
-    CASE_TIMEOUT_S,
     EXIT_HUNG,
-    SETUP_TIMEOUT_S,
     START_S,
     STOP_GRACE_S,
+    TEARDOWN_S,
     WHO,
     Plan,
     ordered,
     work_items,
 )
-from dskbench.execution.comm_rank import TEARDOWN_S
 from dskbench.execution.process import (
     BUILD_GRACE_S,
     POLL_S,
@@ -41,9 +39,6 @@ from dskbench.execution.process import (
     kill_group,
     signal_name,
 )
-
-__all__ = ["BUILD_GRACE_S", "CASE_TIMEOUT_S", "SETUP_TIMEOUT_S", "TEARDOWN_S"]  # what a test reads here
-
 
 # JIT builds the later backends need, started by the driver in the background while the first backends
 # run (minutes on a fresh machine: FlashInfer's trtllm_comm, sglang's all-reduce modules). The builds

@@ -21,6 +21,7 @@ EXIT_HUNG = 124  # the watchdog ended the process (as timeout(1) does)
 BACKEND_ORDER = ("nccl", "sgl_kernel", "nccl+fused_add_rmsnorm", "sglang_jit", "flashinfer")
 CASE_TIMEOUT_S = 240.0  # --case-timeout's default (first-use JIT included)
 SETUP_TIMEOUT_S = 480.0  # --setup-timeout's default (JIT builds included)
+TEARDOWN_S = 90.0  # a rank's barrier and destroy_process_group at the end
 START_S = 60.0  # driver mode: a torchrun's start (rendezvous, imports), on top of its phases' limits
 STOP_GRACE_S = 45.0  # driver mode: after SIGTERM, how long a torchrun may take to stop its ranks
 

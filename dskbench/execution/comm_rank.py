@@ -12,10 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from dskbench.execution.comm_case import failure, gpu_block, init_ranks, run_case
-from dskbench.execution.comm_plan import EXIT_HUNG, WHO, Plan, hang_reason, work_items
+from dskbench.execution.comm_plan import EXIT_HUNG, TEARDOWN_S, WHO, Plan, hang_reason, work_items
 from dskbench.execution.comm_watchdog import Watchdog
 
-TEARDOWN_S = 90.0  # barrier and destroy_process_group at the end
 RANK_GRACE_S = 15.0  # ranks above 0 wait this much longer, so that rank 0 records a hang first
 
 
