@@ -12,7 +12,7 @@ and wraps the named backends' binders of the real adapters: after the kernel, th
 ``torch.cuda._sleep(cycles)`` on the same stream (captured into the case's CUDA graph with the kernel),
 or on a CPU run spins ``us`` microseconds. Backend and case names are unchanged, so the delayed run
 compares case by case with an undelayed one. Each delayed launcher, when bound, appends a line to
-``bound_log`` (when given): proof that the delay reached the measuring process. scripts/gpu_delay_check.py
+``bound_log`` (when given): proof that the delay reached the measuring process. tests/gpu_delay_check.py
 writes the file (cycles from a calibration of the sleep on the GPU) and runs both.
 """
 

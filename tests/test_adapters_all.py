@@ -32,7 +32,7 @@ def _cases(name: str):
 def test_every_adapter_is_a_registry_kernel_to_benchmark():
     for name in ADAPTERS:
         assert name in REGISTRY, f"adapter for {name!r}, which the traces do not name"
-        # multi-GPU kernels have adapters for their torchrun benchmark (scripts/comm_bench.py)
+        # multi-GPU kernels have adapters for their torchrun benchmark (`dskbench comm`)
         assert REGISTRY[name].status in ("benchmark", "needs-multi-gpu"), name
     # the kernels to benchmark without an adapter are few and known
     missing = sorted(n for n, e in REGISTRY.items() if e.status == "benchmark" and n not in ADAPTERS)

@@ -1,20 +1,19 @@
 """The report in a real headless Chromium: charts rendered, no console errors, nothing fetched.
 
-Served from http.server on 127.0.0.1 and driven over the DevTools protocol (scripts/browser_check.py,
+Served from http.server on 127.0.0.1 and driven over the DevTools protocol (tests/browser_check.py,
 standard library only). Screenshots go to tests/artifacts/ (git-ignored) for a person to look at.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 from fake_results import CATEGORIES, fake_runs
 
 from dskbench.report import write_report
+from tests import browser_check as bc
 
 pytestmark = pytest.mark.browser
 
@@ -22,15 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
 
-def _load_checker():
-    spec = importlib.util.spec_from_file_location("browser_check", ROOT / "scripts" / "browser_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("browser_check", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bc = _load_checker()
 CHROMIUM = bc.find_chromium()
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install -y chromium)"

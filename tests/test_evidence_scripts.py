@@ -1,11 +1,10 @@
-"""scripts/run_to_run.py (spread of two sweeps) and scripts/pack_results.py (results packed for
-committing): the figures the results READMEs quote come from these, so they are checked on known files.
-And scripts/evidence/: the step runner (limits, logs, resuming) and the plans' commands."""
+"""`dskbench run-to-run` (spread of two sweeps) and `dskbench pack` (results packed for committing): the
+figures the results READMEs quote come from these, so they are checked on known files. And
+scripts/evidence/: the step runner (limits, logs, resuming) and the plans' commands."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import shlex
@@ -14,16 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from dskbench.frontends.cli import EXIT_USAGE, main
 from dskbench.results.io import ResultsWriter, environment_record, read_runs, result_record
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _write(path: Path, medians: dict[str, float], extra: list[dict] = ()) -> Path:
@@ -48,14 +41,13 @@ def _write(path: Path, medians: dict[str, float], extra: list[dict] = ()) -> Pat
 
 
 def test_run_to_run_pairs_ok_cases_and_leaves_copies_out(tmp_path, capsys):
-    r2r = _load("run_to_run")
     a = _write(tmp_path / "a.jsonl", {"c1": 2.0, "c2": 10.0, "c3": 100.0, "c4": 1.0})
     copy = {"status": "ok", "kernel": "k", "case_id": "c5", "backend": {"name": "b"}, "shared_with": "c1"}
     copy["timing"] = {"median_us": 1.0}
     wrong = {"status": "wrong", "kernel": "k", "case_id": "c4", "backend": {"name": "b"}, "reason": "x"}
     b = _write(tmp_path / "b.jsonl", {"c1": 2.2, "c2": 9.9, "c3": 100.0}, [copy, wrong])
     out = tmp_path / "r.json"
-    assert r2r.main([str(a), str(b), "--json", str(out)]) == 0
+    assert main(["run-to-run", str(a), str(b), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["all"]["pairs"] == 3  # c4 is wrong in b; c5 is a copy of c1's measurement
     assert doc["all"]["median_abs_pct"] == 1.0 and doc["all"]["max_abs_pct"] == 10.0
@@ -64,17 +56,20 @@ def test_run_to_run_pairs_ok_cases_and_leaves_copies_out(tmp_path, capsys):
     assert "3 pairs: median |delta| 1.0%" in capsys.readouterr().out
     only = tmp_path / "only.jsonl"
     _write(only, {"c2": 1.0})
-    assert r2r.main([str(a), str(b), "--only-common", str(only), "--json", str(out)]) == 0
+    assert main(["run-to-run", str(a), str(b), "--only-common", str(only), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["all"]["pairs"] == 1
-    with pytest.raises(SystemExit, match="no \\(case, backend\\)"):
-        r2r.main([str(a), str(_write(tmp_path / "e.jsonl", {}))])
+    capsys.readouterr()
+    empty = _write(tmp_path / "e.jsonl", {})
+    assert main(["run-to-run", str(a), str(empty)]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"dskbench: {a} and {empty}: no (case, backend) is measured ok in both files: nothing to compare\n"
+    )
 
 
 def test_pack_rounds_samples_only_and_the_reader_reads_it(tmp_path, capsys):
-    pack = _load("pack_results")
     src = _write(tmp_path / "a.jsonl", {"c1": 2.7850000858306885})
     dst = tmp_path / "a.jsonl.gz"
-    assert pack.main([str(src), str(dst)]) == 0
+    assert main(["pack", str(src), str(dst)]) == 0
     before = [json.loads(x) for x in src.read_text().splitlines()]
     after = [json.loads(x) for x in gzip.open(dst, "rt")]
     assert len(after) == len(before)
@@ -86,7 +81,9 @@ def test_pack_rounds_samples_only_and_the_reader_reads_it(tmp_path, capsys):
         assert a == b
     (run,) = read_runs([dst])
     assert run.results[0]["case_id"] == "c1"
-    assert pack.main([str(src), str(tmp_path / "x.jsonl")]) == 2  # must be written gzipped
+    assert main(["pack", str(src), str(tmp_path / "x.jsonl")]) == EXIT_USAGE  # must be written gzipped
+    assert "x.jsonl: the packed file is gzipped: give a name ending in .gz" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
 
 
 # -- scripts/evidence: the step runner and the plans ---------------------------------------------------
@@ -167,14 +164,15 @@ def test_sweep_plan_runs_commands_that_exist(tmp_path, gpus):
     names = [ln.split()[1] for ln in lines]
     assert {"warm", "asv", "sweep-a", "sweep-b", "fidelity", "insitu", "r2r-sweep"} <= set(names)
     assert len(names) == len(set(names))  # a step name is its log's and its resume key
-    runs = 0
+    runs = []
     for cmd in cmds:
         if cmd[:3] == ["python3", "-m", "dskbench"]:
             build_parser().parse_args(cmd[3:])  # exits 2 on a flag dskbench does not have
-            runs += 1
+            runs.append(cmd[3])
         elif cmd[0] in ("python3", "bash") and cmd[1].startswith("scripts/"):
             assert (ROOT / cmd[1]).exists(), cmd
-    assert runs == 7  # warm, two sweeps, two runs each of the two flush kinds
+    assert runs.count("run") + runs.count("warm") == 7  # warm, two sweeps, two runs of each flush kind
+    assert {"fidelity", "insitu", "stats", "run-to-run"} <= set(runs)  # the rest: dskbench commands too
     warm = next(ln for ln in lines if ln.startswith("step warm "))
     asv = next(ln for ln in lines if ln.startswith("step asv "))
     if gpus == "4":  # warm on three GPUs while asv has the fourth
@@ -184,8 +182,11 @@ def test_sweep_plan_runs_commands_that_exist(tmp_path, gpus):
 
 
 def test_plans_use_the_jobs_own_gpus_and_refuse_too_few(tmp_path):
+    from dskbench.frontends.cli import build_parser
+
     cmds, lines = _plan("multi_gpu.sh", tmp_path / "o", CUDA_VISIBLE_DEVICES="3,5")
-    comm = next(c for c in cmds if "scripts/comm_bench.py" in c)
+    comm = next(c for c in cmds if c[:4] == ["python3", "-m", "dskbench", "comm"])
+    build_parser().parse_args(comm[3:])  # exits 2 on a flag `dskbench comm` does not have
     assert comm[comm.index("--nproc") + 1] == "2" and comm[-1].endswith("comm-tp2.jsonl")
     assert all("[CUDA_VISIBLE_DEVICES=3,5]" in ln for ln in lines)  # a scheduler's allocation, kept
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}

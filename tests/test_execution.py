@@ -314,7 +314,7 @@ def test_a_build_is_seen_in_the_workers_process_group(tmp_path):
 
 
 def test_a_runs_recorder_writes_through_one_writer_and_drops_reports_after_the_run(tmp_path):
-    """sweep.recording: the sweep's and comm_bench's rank 0's way to a results file."""
+    """sweep.recording: the sweep's and `dskbench comm`'s rank 0's way to a results file."""
     from dskbench.execution.items import WorkItem
     from dskbench.execution.sweep import recording
     from dskbench.shapes.cases import Case

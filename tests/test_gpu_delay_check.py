@@ -1,4 +1,4 @@
-"""The injected-delay check (scripts/gpu_delay_check.py, tests/delay_adapters.py) on the CPU: the delay
+"""The injected-delay check (tests/gpu_delay_check.py, tests/delay_adapters.py) on the CPU: the delay
 reaches exactly the chosen cases' launchers, and the script's outputs are complete. Whether a delay is
 caught depends on timing, so nothing here asserts a verdict."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -52,8 +51,7 @@ def test_the_delay_wraps_only_the_named_backend_and_cases(monkeypatch, tmp_path:
 
 
 def test_gpu_delay_check_runs_end_to_end_on_the_cpu(tmp_path: Path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    import gpu_delay_check
+    from tests import gpu_delay_check
 
     out = tmp_path / "out"
     rc = gpu_delay_check.main(["--out", str(out), "--device", "cpu", "--sweep", "decode"])
@@ -79,8 +77,7 @@ def test_gpu_delay_check_runs_end_to_end_on_the_cpu(tmp_path: Path):
 
 @pytest.mark.parametrize("bad", [["--device", "tpu"], []])
 def test_gpu_delay_check_usage_errors(bad, capsys):
-    sys.path.insert(0, str(REPO / "scripts"))
-    import gpu_delay_check
+    from tests import gpu_delay_check
 
     with pytest.raises(SystemExit) as e:
         gpu_delay_check.main(bad)

@@ -1,6 +1,6 @@
 """Launch-gap calibration, CPU side: the CUPTI parser (grouping device activities into launch spans) on a
 synthetic kineto-like event list, the gap summary, and the plumbing into MeasureSettings. The GPU side
-(profiling and timing real ops) is checked by scripts/measure_selftest.py."""
+(profiling and timing real ops) is checked by `dskbench selftest`."""
 
 from __future__ import annotations
 

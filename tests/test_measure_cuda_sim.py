@@ -3,7 +3,7 @@ clock, events, a spin kernel, graph capture/replay and an L2 that a flush makes 
 
 This checks the timers' own arithmetic and control flow on a CPU-only machine: the flush is excluded,
 host launch overhead is hidden, every input set is used equally, capture failures fall back to eager,
-and a host that cannot keep up is detected. It does not check real GPU timing (scripts/measure_selftest.py
+and a host that cannot keep up is detected. It does not check real GPU timing (`dskbench selftest`
 does that against the profiler).
 """
 

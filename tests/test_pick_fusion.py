@@ -117,17 +117,10 @@ def test_a_fusing_winner_prices_the_fused_op_and_the_fused_rows_count_0(dep):
 
 @pytest.mark.parametrize("split", [11.0, 8.0])
 def test_the_insitu_layer_runs_the_shared_expert_only_when_unfused(dep, split):
-    import importlib.util
+    from dskbench.analysis.insitu import layer_kernels
 
-    from dskbench import paths
-
-    spec = importlib.util.spec_from_file_location(
-        "insitu_layer", paths.REPO_ROOT / "scripts" / "insitu_layer.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     p = Picker(ResultIndex([run_of(records(split))], "decode", 1), dep, "decode", 1)
-    steps, missing = mod.layer_kernels(p, 1, 4096, "moe")
+    steps, missing = layer_kernels(p, 1, 4096, "moe")
     got = [(row, m.kernel, m.op) for row, m in steps]
     shared = [
         ("shared_experts:gate_up", "gk", "shared_experts"),

@@ -1,32 +1,24 @@
-"""scripts/plan_stats.py: a plan's size per profile, after twins, and what a GPU of each architecture runs."""
+"""`dskbench plan-stats`: a plan's size per profile, after twins, and what a GPU of each architecture runs."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
-from pathlib import Path
 
 os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", "tests.fake_adapters")
 
 import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
+from dskbench.execution import plan_stats as stats  # noqa: E402
+from dskbench.frontends.cli import EXIT_USAGE, main  # noqa: E402
 from dskbench.shapes.cases import default_shapes  # noqa: E402
 from tests.fake_adapters import registry_entry as _entry  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 N = len(default_shapes().values("decode_tokens", "cpu")) + len(
     default_shapes().values("prefill_tokens", "cpu")
 )
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("plan_stats", ROOT / "scripts" / "plan_stats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_rows_count_items_twins_and_what_each_architecture_runs():
-    stats = _load()
     registry = {k: _entry(k) for k in ("fake_ok", "fake_twin_a", "fake_twin_b")}
     gpus = dict(stats.parse_gpu(s) for s in ("90", "100:180"))
     assert gpus["sm100"].memory_bytes == 180 * 2**30 and gpus["sm90"].memory_bytes is None
@@ -40,8 +32,22 @@ def test_rows_count_items_twins_and_what_each_architecture_runs():
 
 
 def test_bad_options_are_one_line_errors(capsys):
-    stats = _load()
-    assert stats.main(["--gpu", "hopper"]) == 2
-    assert capsys.readouterr().err.strip() == "plan_stats: --gpu 'hopper': expected SM[:GIB], e.g. 90:80"
-    assert stats.main(["--tp", "1,x"]) == 2
-    assert capsys.readouterr().err.strip() == "plan_stats: --tp '1,x': expected degrees like 1,4,8"
+    assert main(["plan-stats", "--gpu", "hopper"]) == EXIT_USAGE
+    assert capsys.readouterr().err.strip() == (
+        "dskbench: argument --gpu: expected SM[:GIB], e.g. 90:80, got 'hopper' (see `dskbench plan-stats --help`)"
+    )
+    assert main(["plan-stats", "--tp", "1,x"]) == EXIT_USAGE
+    assert capsys.readouterr().err.strip() == (
+        "dskbench: argument --tp: expected comma-separated positive integers, got '1,x' "
+        "(see `dskbench plan-stats --help`)"
+    )
+
+
+def test_the_command_prints_a_line_per_profile_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan-stats", "--profile", "cpu", "--tp", "1", "--gpu", "90:80", "--json", str(out)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("cpu tp 1: ") and "; sm90 runs " in line
+    (row,) = json.loads(out.read_text())
+    assert row["profile"] == "cpu" and row["tp"] == [1] and list(row["runs_on"]) == ["sm90"]
+    assert line == stats.line(row) and 0 < row["runs_on"]["sm90"] <= row["measured"] <= row["items"]

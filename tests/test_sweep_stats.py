@@ -1,24 +1,15 @@
-"""scripts/sweep_stats.py: counts, per-GPU wall time, and wall time without first-time JIT."""
+"""`dskbench stats`: counts, per-GPU wall time, wall time without first-time JIT, the stage breakdown."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import json
 
-from dskbench.results.io import ResultsWriter, environment_record, result_record
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("sweep_stats", ROOT / "scripts" / "sweep_stats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from dskbench.analysis import sweep_stats as stats
+from dskbench.frontends.cli import EXIT_USAGE, main
+from dskbench.results.io import ResultsWriter, environment_record, read_runs, result_record
 
 
 def test_wall_per_gpu_and_jit_are_taken_from_the_records(tmp_path, capsys):
-    stats = _load()
     t0 = 1_800_000_000.0
     created = "2027-01-15T08:00:00+00:00"  # = t0
     p = tmp_path / "s.jsonl"
@@ -53,7 +44,7 @@ def test_wall_per_gpu_and_jit_are_taken_from_the_records(tmp_path, capsys):
                 finished=t0 + 95.0,
             )
         )
-    [s] = [stats.run_stats(r) for r in stats.read_runs([p])]
+    [s] = [stats.run_stats(r) for r in read_runs([p])]
     assert s["counts"] == {"ok": 3, "error": 1}
     assert s["gpus"][0] == {
         "cases": 2,
@@ -65,12 +56,18 @@ def test_wall_per_gpu_and_jit_are_taken_from_the_records(tmp_path, capsys):
     assert s["gpus"][1]["wall_s"] == 95.0 and s["gpus"][1]["jit_s"] == 0.0
     assert s["wall_s"] == 130.0 and s["gpu_seconds_without_jit"] == 185.0
     assert s["errors"] == {"k · x: boom": 1}
-    assert stats.main([str(p)]) == 0
-    assert "gpu 0: 2 cases, wall 130.0 s, JIT 40.0 s, without JIT 90.0 s" in capsys.readouterr().out
+    out = tmp_path / "stats.json"
+    assert main(["stats", str(p), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(
+        "run r1 on NVIDIA H200: 4 records — ok 3, wrong 0, skipped 0, error 1; wall 130.0 s"
+    )
+    assert "gpu 0: 2 cases, wall 130.0 s, JIT 40.0 s, without JIT 90.0 s" in printed
+    assert "  error x1: k · x: boom" in printed
+    assert json.loads(out.read_text())[0]["gpu_seconds_without_jit"] == 185.0
 
 
 def test_stage_breakdown_counts_a_copy_once(tmp_path, capsys):
-    stats = _load()
     p = tmp_path / "r.jsonl"
 
     def rec(case, kernel, stages, **kw):
@@ -98,16 +95,23 @@ def test_stage_breakdown_counts_a_copy_once(tmp_path, capsys):
         )
         w.write(rec("a2", "k1", {"check_s": 3.0, "item_s": 5.0}, shared_with="a"))
         w.write(rec("b", "k2", {"sampling_s": 1.0, "measure_s": 1.0, "item_s": 1.0}))
-    [s] = [stats.run_stats(r) for r in stats.read_runs([p])]
+    [s] = [stats.run_stats(r) for r in read_runs([p])]
     assert s["stages"] == {"check_s": 3.0, "sampling_s": 2.0, "measure_s": 2.5, "other_s": 0.5, "item_s": 6.0}
     assert list(s["kernels"]) == ["k1", "k2"] and s["kernels"]["k1"]["cases"] == 1
-    assert stats.main([str(p), "--top", "1"]) == 0
+    assert main(["stats", str(p), "--top", "1"]) == 0
     out = capsys.readouterr().out
     assert "item time 6.0 s: check 3.0 s (50%), sampling 2.0 s (33%), other 0.5 s (8%)" in out
     assert "k1 (1 cases) 5.0 s" in out and "k2 (" not in out
 
 
-def test_a_missing_file_is_one_line(tmp_path, capsys):
-    assert _load().main([str(tmp_path / "none.jsonl")]) == 2
+def test_a_missing_file_or_a_bad_option_is_one_line(tmp_path, capsys):
+    assert main(["stats", str(tmp_path / "none.jsonl")]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("sweep_stats: cannot read ") and "none.jsonl" in err[0]
+    assert len(err) == 1 and err[0].startswith("dskbench: cannot read ") and "none.jsonl" in err[0]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    assert main(["stats", str(bad)]) == EXIT_USAGE
+    assert capsys.readouterr().err == f"dskbench: {bad}:1: not JSON: Expecting value\n"
+    assert main(["stats", str(bad), "--top", "0"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--top: expected a positive integer, got '0'" in err

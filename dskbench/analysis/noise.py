@@ -11,7 +11,7 @@ The floor comes from, in order of preference:
    measured between committed pairs of back-to-back runs of unchanged code, per latency band; for a
    case whose within-run spread (p10-p90) is wider than that, a measured multiple of its spread (the
    quantiles of a wide, often two-mode distribution move more between runs). ``noise_prior.json``,
-   written by ``scripts/noise_prior.py`` from the committed pairs: data, not hand-typed numbers.
+   written by ``dskbench noise-prior`` from the committed pairs: data, not hand-typed numbers.
 3. **absolute**: never below the event timer's resolution per launch.
 
 A band prior holds for the device its pairs ran on. On another device (a CPU, another GPU model) it is

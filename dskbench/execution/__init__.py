@@ -1,6 +1,6 @@
 """The execution engine: every path that runs cases (a sweep on one GPU or sharded over several,
 `dskbench warm`, the asv and pytest-benchmark suites through the sweep) runs them here. The collective
-benchmarks (scripts/comm_bench.py, one process per GPU under torchrun) use its gating, hang limits,
+benchmarks (`dskbench comm`, one process per GPU under torchrun) use its gating, hang limits,
 process kills and recorder.
 
     config.py   what a run asks for: RunConfig (selection + SweepOptions), planned once for every front end

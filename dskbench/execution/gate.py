@@ -2,7 +2,7 @@
 once per process, the adapter, the backend, the case; no live query of the GPU), so every caller gives
 the same answer: the planner's cost model (a case to skip costs nothing), the case's execution (asked
 first, before anything is resolved or built: a skipped case's record is written from it) and
-scripts/comm_bench.py (with its process group's `ranks`).
+`dskbench comm` (with its process group's `ranks`).
 
 Two questions, kept apart on purpose:
 
@@ -39,15 +39,12 @@ def applicable(adapter: Any, case: Case) -> bool:
 def multi_gpu_reason(needed: int, device: DeviceInfo, ranks: int = 1) -> str | None:
     """Why a case that needs several GPUs is not run here: too few GPUs, or (enough of them) because
     one process per GPU is needed, which the sweep's worker is not. `ranks`: the processes that run the
-    case together (scripts/comm_bench.py's process group, one per GPU); as many as it needs run it."""
+    case together (`dskbench comm`'s process group, one per GPU); as many as it needs run it."""
     if needed <= 1 or needed == ranks:
         return None
     if needed > device.count:
         return f"needs {needed} GPUs (found {device.count})"
-    return (
-        f"needs {needed} processes, one per GPU: measured by "
-        f"`torchrun --nproc-per-node {needed} scripts/comm_bench.py`"
-    )
+    return f"needs {needed} processes, one per GPU: measured by `dskbench comm --nproc {needed}`"
 
 
 def memory_reason(adapter: Any, backend: Backend, case: Case, device: DeviceInfo) -> str | None:

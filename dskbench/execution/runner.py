@@ -47,7 +47,7 @@ from dskbench.execution.twins import measure_once
 from dskbench.shapes.cases import ModelShapes
 
 # Registry statuses whose kernels are planned case by case: a needs-multi-gpu kernel with an adapter
-# gets one record per case, skipped with the GPU count it needs (scripts/comm_bench.py measures it).
+# gets one record per case, skipped with the GPU count it needs (`dskbench comm` measures it).
 PLANNED_STATUSES = ("benchmark", "needs-multi-gpu")
 
 

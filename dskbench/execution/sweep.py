@@ -3,7 +3,7 @@ run the items through the pool (or in this process for debugging), record each r
 
 The single-GPU sweep (runner.run_sweep), the sharded one (shard.run_sharded), and through them the asv
 and pytest-benchmark suites all end here; `dskbench warm` uses the same pool and worker protocol. The
-collective benchmarks (scripts/comm_bench.py: one process per GPU under torchrun, not a pool) record
+collective benchmarks (`dskbench comm`: one process per GPU under torchrun, not a pool) record
 through the same `recording`.
 """
 
@@ -122,7 +122,7 @@ def recording(
     """A run's records: open the results file (append-safe), write the run's environment record
     (`environment` holds its run_id), and give the Recorder every result goes through. On every exit
     path the Recorder is closed before the file. The sweep (execute) and the collective benchmarks'
-    rank 0 (scripts/comm_bench.py) record through it. With `repro` (a `dskbench run` sweep) each record
+    rank 0 (`dskbench comm`) record through it. With `repro` (a `dskbench run` sweep) each record
     gets the command line that selects its case again, from the run's settings."""
     with ResultsWriter(out) as w:
         w.write(environment_record(**environment))

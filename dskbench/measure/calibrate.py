@@ -209,7 +209,7 @@ def with_reference(row: Mapping[str, Any], spans: Sequence[Span]) -> dict[str, A
 
 # Which calibrated gaps are subtracted. The batched cold timer's (measure/batch.py): a kernel's CUPTI span
 # read inside a graph right after the flush runs a few tenths of a microsecond over the same kernel's span
-# launched alone, so its samples are brought to the reference the event timers are held to. The cold graph's: against CUPTI (scripts/fidelity.py) the
+# launched alone, so its samples are brought to the reference the event timers are held to. The cold graph's: against CUPTI (`dskbench fidelity`) the
 # correction brought more cold cases within target, while in hot mode back-to-back launches of PDL-enabled
 # kernels overlap in the graph and hide the boundary gap, and the correction brought fewer
 # (results/h200-2026-11-21/README.md gives the counts). Hot (and eager) stay raw; calibrated values are

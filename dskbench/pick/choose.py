@@ -31,7 +31,7 @@ from dskbench.pick.rows import Picker, RowPick
 from dskbench.results.io import Run, read_runs
 from dskbench.shapes.cases import ModelShapes, default_shapes
 
-__all__ = [  # the pick's model, importable from here as one API (scripts/insitu_layer.py, the tests)
+__all__ = [  # the pick's model, importable from here as one API (`dskbench insitu`, the tests)
     "PHASES",
     "REFERENCE",
     "Cell",

@@ -34,7 +34,7 @@ TRACKED_PACKAGES = (
 # the host supports it. These variables switch it off, for hosts whose GPUs are shared with other tenants
 # (a multicast object can put a GPU out of service there). NCCL's all-reduce then takes another
 # algorithm, so every run records whether they were set. dskbench sets them only when asked:
-# `dskbench run --no-multicast` (or DSKBENCH_NO_MULTICAST=1), and scripts/comm_bench.py under
+# `dskbench run --no-multicast` (or DSKBENCH_NO_MULTICAST=1), and `dskbench comm` under
 # DSKBENCH_NO_MULTICAST=1.
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",

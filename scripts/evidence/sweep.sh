@@ -9,10 +9,10 @@
 #   sweep-a   the full sweep (`dskbench run --gpus all --seed 7`), cold L2, default budget
 #   sweep-b   the same again at once: run-to-run, with every cache warm
 #   r2r-*     run-to-run of small cold decode kernels with the L2 flush written, then read (`--flush`)
-#   fidelity  scripts/fidelity.py: our timer against CUPTI and Triton's do_bench / do_bench_cudagraph
-#   insitu    scripts/insitu_layer.py: one decoder layer of sweep-a's picks in one CUDA graph against
+#   fidelity  dskbench fidelity: our timer against CUPTI and Triton's do_bench / do_bench_cudagraph
+#   insitu    dskbench insitu: one decoder layer of sweep-a's picks in one CUDA graph against
 #             the sum of their isolated times
-#   summaries scripts/sweep_stats.py and scripts/run_to_run.py over the files above (CPU)
+#   summaries dskbench stats and dskbench run-to-run over the files above (CPU)
 #
 # Steps are resumable (steps.sh): run the same command into the same OUT again to go on. Time limits per
 # step: WARM_SECONDS, ASV_SECONDS, SWEEP_SECONDS, R2R_SECONDS, FIDELITY_SECONDS, INSITU_SECONDS. SWEEP_COSTS_FROM=FILE
@@ -68,7 +68,7 @@ if [ "$n" -ge 2 ]; then  # one GPU each, at the same time
     ( export CUDA_VISIBLE_DEVICES="$(gpu 0)"; r2r_pair write ) &
     ( export CUDA_VISIBLE_DEVICES="$(gpu 1)"; r2r_pair read ) &
     if [ "$n" -ge 3 ]; then
-        ( export CUDA_VISIBLE_DEVICES="$(gpu 2)"; step fidelity "${FIDELITY_SECONDS:-900}" python3 scripts/fidelity.py --out "$out/fidelity.json" ) &
+        ( export CUDA_VISIBLE_DEVICES="$(gpu 2)"; step fidelity "${FIDELITY_SECONDS:-900}" python3 -m dskbench fidelity --out "$out/fidelity.json" ) &
     fi
     wait
 else
@@ -77,16 +77,16 @@ else
 fi
 (
     export CUDA_VISIBLE_DEVICES="$(gpu 0)"
-    [ "$n" -lt 3 ] && step fidelity "${FIDELITY_SECONDS:-900}" python3 scripts/fidelity.py --out "$out/fidelity.json"
-    step insitu "${INSITU_SECONDS:-900}" python3 scripts/insitu_layer.py "$out/sweep-a.jsonl" --out "$out/insitu-layer.json"
+    [ "$n" -lt 3 ] && step fidelity "${FIDELITY_SECONDS:-900}" python3 -m dskbench fidelity --out "$out/fidelity.json"
+    step insitu "${INSITU_SECONDS:-900}" python3 -m dskbench insitu "$out/sweep-a.jsonl" --out "$out/insitu-layer.json"
 )
 
 for run in a b; do
-    step "sweep-$run-stats" 300 python3 scripts/sweep_stats.py "$out/sweep-$run.jsonl" --json "$out/sweep-$run-stats.json"
+    step "sweep-$run-stats" 300 python3 -m dskbench stats "$out/sweep-$run.jsonl" --json "$out/sweep-$run-stats.json"
 done
-step r2r-sweep 300 python3 scripts/run_to_run.py "$out/sweep-a.jsonl" "$out/sweep-b.jsonl" --json "$out/r2r-sweep.json"
+step r2r-sweep 300 python3 -m dskbench run-to-run "$out/sweep-a.jsonl" "$out/sweep-b.jsonl" --json "$out/r2r-sweep.json"
 for flush in write read; do
-    step "r2r-flush-$flush" 300 python3 scripts/run_to_run.py "$out/r2r-$flush-1.jsonl" "$out/r2r-$flush-2.jsonl" \
+    step "r2r-flush-$flush" 300 python3 -m dskbench run-to-run "$out/r2r-$flush-1.jsonl" "$out/r2r-$flush-2.jsonl" \
         --json "$out/r2r-flush-$flush.json"
 done
 echo "sweep.sh: done; $out/steps.log lists each step's exit code and wall time"

@@ -2,7 +2,7 @@
 (twice per layer), and FlashInfer's all-reduce fused with the residual add and RMSNorm that follow it.
 
 These kernels need one process per GPU (registry status needs-multi-gpu). The runner plans their cases
-and skips each with the GPUs it needs; scripts/comm_bench.py, started by torchrun, measures them with
+and skips each with the GPUs it needs; `dskbench comm`, started by torchrun, measures them with
 the per-rank setups of dskbench.adapters.comm.setups (`RANK_SETUPS`), each built the way SGLang 0.5.16
 builds it:
 
@@ -68,7 +68,7 @@ def busbw_gbps(payload: int, world: int, latency_us: float) -> float:
 
 
 def _needs_ranks(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
-    raise RuntimeError("a collective: measured one process per GPU by scripts/comm_bench.py under torchrun")
+    raise RuntimeError("a collective: measured one process per GPU by `dskbench comm` under torchrun")
 
 
 def _backend(
@@ -200,7 +200,7 @@ def comm_cases(
     tokens: list[int] | None = None,
 ) -> list[Case]:
     """The all_reduce op's cases at TP = world, for the phases' token lists (or `tokens`). The shapes
-    file's tp list need not hold `world` (it lists 1, 4, 8; comm_bench runs any world size)."""
+    file's tp list need not hold `world` (it lists 1, 4, 8; `dskbench comm` runs any world size)."""
     op = shapes.ops["all_reduce"]
     out = []
     for phase in phases:

@@ -1,4 +1,4 @@
-"""One rank's side of a collective (scripts/comm_bench.py runs one process per GPU): the rank's place in
+"""One rank's side of a collective (`dskbench comm` runs one process per GPU): the rank's place in
 the TP group, the set-up interface every backend implements, the NCCL baseline, and the peer-access checks
 the custom all-reduces need before they start."""
 

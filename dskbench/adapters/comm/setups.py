@@ -1,4 +1,4 @@
-"""The per-rank set-up of every collective backend, by (kernel, backend): what scripts/comm_bench.py builds
+"""The per-rank set-up of every collective backend, by (kernel, backend): what `dskbench comm` builds
 on each rank after resolving the backend's target."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dskbench.adapters.comm.custom_allreduce import SglangJitAllReduce, SglCusto
 from dskbench.adapters.comm.fusion import FlashInferFusion, NcclThenFusedAddRmsnorm
 from dskbench.adapters.comm.rank import RankCollective, RankContext, TorchAllReduce
 
-# (kernel, backend) -> class(ctx, resolved callable); comm_bench resolves the backend's target first
+# (kernel, backend) -> class(ctx, resolved callable); `dskbench comm` resolves the backend's target first
 RANK_SETUPS: dict[tuple[str, str], Callable[[RankContext, Any], RankCollective]] = {
     ("custom_all_reduce", "sgl_kernel"): SglCustomAllReduce,
     ("custom_all_reduce", "sglang_jit"): SglangJitAllReduce,

@@ -46,7 +46,7 @@ def _bind_fi_blockscale_sm90(fn: Any, inputs: dict[str, Any], case: Case) -> Cal
 
     Its FP8-input form (input_scale [M, K/128]) is not what sglang runs, and it came out far off the
     dequantized reference, while this BF16-input form was close to the unquantized product
-    (scripts/probe_fi_blockscale.py; results/h200-2026-11-21/README.md gives the errors)."""
+    (a probe of the four ways to call it; results/h200-2026-11-21/README.md gives the errors)."""
     x, w, sw = inputs["x"], inputs["w"], inputs["w_scale"]
     out = torch.empty(x.shape[0], w.shape[0], dtype=BF16_OUT, device=x.device)
     return lambda: fn(x, w, None, sw, out=out, out_dtype=BF16_OUT)

@@ -12,6 +12,11 @@ compare.py   dskbench compare
 pick.py      dskbench pick
 report.py    dskbench report
 registry.py  dskbench registry generate
+stats.py     dskbench stats (how a sweep went)       plan_stats.py   dskbench plan-stats (a plan's size)
+run_to_run.py dskbench run-to-run (two sweeps' spread) noise_prior.py dskbench noise-prior (compare's prior)
+pack.py      dskbench pack (a results file for committing)
+comm.py      dskbench comm (communication kernels, one process per GPU under torchrun)
+insitu.py    dskbench insitu, fidelity.py dskbench fidelity, selftest.py dskbench selftest (GPU checks)
 """
 
 from dskbench.frontends.cli.app import main

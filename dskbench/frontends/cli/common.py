@@ -10,7 +10,10 @@ from dskbench import paths
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_PIPE = 141  # stdout's reader went away (`dskbench list | head`): what a shell reports for SIGPIPE
 SWEEPS = ("decode", "prefill", "decode_graph")
-DESCRIPTION = "Command line: `dskbench registry generate | list | run | warm | report | compare | pick`."
+DESCRIPTION = (
+    "Command line: `dskbench registry generate | list | run | warm | compare | pick | report` and the tools "
+    "beside them: `stats | plan-stats | run-to-run | noise-prior | pack | comm | insitu | fidelity | selftest`."
+)
 
 
 class Terminated(KeyboardInterrupt):
@@ -90,3 +93,34 @@ def version() -> str:
         from dskbench import __version__
 
         return __version__
+
+
+def read_results(files: Any) -> list[Any]:
+    """The runs of results files; an unreadable or malformed one is a usage error naming it."""
+    from dskbench.results.io import ResultsError, read_runs
+
+    try:
+        return read_runs(files)
+    except ResultsError as e:
+        raise UsageError(str(e)) from None
+
+
+def write_json(path: Any, doc: Any, flag: str = "--json") -> None:
+    """`doc` as indented JSON at `path` (its folder made); a path that cannot be written is a usage error."""
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write it: {e.strerror or e}") from None
+
+
+def need_gpu(command: str) -> None:
+    """A command that times on a GPU, run where torch sees none: a usage error that says so."""
+    from dskbench.device.info import DeviceInfo
+
+    if DeviceInfo.detect("cuda").kind != "cuda":
+        raise UsageError(
+            f"{command} needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False)"
+        )

@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="earlier runs of the same GPU model (file or folder, repeatable): each case's own noise floor",
     )
     cmp_.add_argument(
-        "--prior", type=Path, help="noise prior JSON (default: dskbench's, see scripts/noise_prior.py)"
+        "--prior", type=Path, help="noise prior JSON (default: dskbench's, see `dskbench noise-prior`)"
     )
     cmp_.add_argument("--no-fail", action="store_true", help="exit 0 even when something regressed")
     cmp_.add_argument("-v", "--verbose", action="store_true", help="list unchanged cases and twins too")

@@ -4,7 +4,24 @@ from __future__ import annotations
 
 import argparse
 
-from dskbench.frontends.cli import compare, kernels, pick, registry, report, run, warm
+from dskbench.frontends.cli import (
+    comm,
+    compare,
+    fidelity,
+    insitu,
+    kernels,
+    noise_prior,
+    pack,
+    pick,
+    plan_stats,
+    registry,
+    report,
+    run,
+    run_to_run,
+    selftest,
+    stats,
+    warm,
+)
 from dskbench.frontends.cli.args import Parser
 from dskbench.frontends.cli.common import DESCRIPTION, version
 
@@ -17,6 +34,15 @@ COMMANDS = {
     "compare": compare,
     "pick": pick,
     "report": report,
+    "stats": stats,
+    "plan-stats": plan_stats,
+    "run-to-run": run_to_run,
+    "noise-prior": noise_prior,
+    "pack": pack,
+    "comm": comm,
+    "insitu": insitu,
+    "fidelity": fidelity,
+    "selftest": selftest,
 }
 
 

@@ -1,7 +1,7 @@
 """Fit dskbench's band prior (dskbench/analysis/noise_prior.json) from committed pairs of unchanged runs.
 
-    python scripts/noise_prior.py                       # the committed pairs -> dskbench/analysis/noise_prior.json
-    python scripts/noise_prior.py --pair NAME A B ... --out FILE
+    dskbench noise-prior                       # the committed pairs -> dskbench/analysis/noise_prior.json
+    dskbench noise-prior --pair NAME A B ... --out FILE
 
 Each pair is two back-to-back runs of the same code on one machine. For every case measured ok in both
 (``shared_with`` copies left out: one measurement counts once) the run-to-run change of the median and
@@ -13,17 +13,16 @@ experimental read flush and are left out.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dskbench import paths
+from dskbench.analysis.compare_inputs import Key, Settings, Side, device_name, load_side
+from dskbench.analysis.noise import PairChanges, fit_prior, pair_changes
+from dskbench.results.io import read_runs
 
-from dskbench.analysis.compare_inputs import Key, Settings, Side, device_name, load_side  # noqa: E402
-from dskbench.analysis.noise import PRIOR_FILE, QUANTILE, PairChanges, fit_prior, pair_changes  # noqa: E402
-from dskbench.results.io import read_runs  # noqa: E402
+ROOT = paths.CHECKOUT  # the committed pairs are files of the checkout's results/
 
 DEFAULT_PAIRS = (
     ("h200 r2r", "results/h200-2026-11-21/r2r-1.jsonl.gz", "results/h200-2026-11-21/r2r-2.jsonl.gz"),
@@ -67,17 +66,14 @@ def launches_per_sample(path: str | Path) -> dict[Key, int]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pair", nargs=3, action="append", metavar=("NAME", "A", "B"), help="an unchanged pair")
-    p.add_argument("--out", type=Path, default=PRIOR_FILE, help=f"default {PRIOR_FILE.relative_to(ROOT)}")
-    p.add_argument("--quantile", type=float, default=QUANTILE)
-    args = p.parse_args(argv)
-    pairs_given = args.pair or [(n, str(ROOT / a), str(ROOT / b)) for n, a, b in DEFAULT_PAIRS]
+def fit(
+    pairs_given: Sequence[tuple[str, str | Path, str | Path]], quantile: float, custom: bool
+) -> dict[str, Any]:
+    """The prior document fitted from (name, A, B) pairs: bands, the settings measured with, the pairs."""
     fitted = [pair(n, a, b) for n, a, b in pairs_given]
     pairs = [pc for pc, _ in fitted]
     settings = {s for _, ss in fitted for s in ss}
-    doc = fit_prior(pairs, args.quantile)
+    doc = fit_prior(pairs, quantile)
     doc["settings"] = {
         "mode": sorted({s.mode or "unrecorded" for s in settings}),
         "flush": sorted({s.flush or "unrecorded" for s in settings}),
@@ -86,18 +82,27 @@ def main(argv: list[str] | None = None) -> int:
         {"name": n, "a": _rel(a), "b": _rel(b), "cases": len(pc.rows)}
         for (n, a, b), pc in zip(pairs_given, pairs, strict=True)
     ]
-    doc["generated_by"] = "python scripts/noise_prior.py" + (" (custom pairs)" if args.pair else "")
-    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(f"{args.out}: {sum(len(pc.rows) for pc in pairs)} cases from {len(pairs)} pairs")
+    doc["generated_by"] = "dskbench noise-prior" + (" (custom pairs)" if custom else "")
+    return doc
+
+
+def default_pairs() -> list[tuple[str, str, str]]:
+    """The committed pairs, as paths in the checkout."""
+    return [(n, str(ROOT / a), str(ROOT / b)) for n, a, b in DEFAULT_PAIRS]
+
+
+def report_lines(doc: dict[str, Any]) -> list[str]:
+    """The fitted bands as printed."""
+    lines = []
     for b in doc["bands"]:
         hi = "inf" if b["hi_us"] is None else f"{b['hi_us']:g}"
         src = f" (from {b['from_band']})" if b["from_band"] else ""
-        print(
+        lines.append(
             f"  {b['lo_us']:g}-{hi} us: {b['cases']:5} cases, median floor {b['median_floor']:.1%}, "
             f"p10 floor {b['p10_floor']:.1%}, spread factors {b['median_spread_factor']:g}/"
             f"{b['p10_spread_factor']:g}{src}"
         )
-    return 0
+    return lines
 
 
 def _rel(p: str | Path) -> str:
@@ -105,7 +110,3 @@ def _rel(p: str | Path) -> str:
         return str(Path(p).resolve().relative_to(ROOT))
     except ValueError:
         return str(p)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

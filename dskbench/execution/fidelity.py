@@ -7,7 +7,7 @@ end), and triton's do_bench_cudagraph. CUPTI profiles the op replayed from a CUD
 captured (as our samples are; no host gaps inside a multi-kernel op) and launched eagerly otherwise;
 the eager span is kept as `cupti_<mode>_eager_us`. Prints a table and writes JSON (GPU only).
 
-    python3 scripts/fidelity.py --out results/fidelity.json [--cases scripts/fidelity_cases.txt]
+    dskbench fidelity --out results/fidelity.json [--iters N] [--min-time S]
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # kernel, op[:variant], phase, point, backend — chosen to span ~1 µs to ~1 ms
 DEFAULT_CASES = [
@@ -134,15 +132,9 @@ def graph_replay(launch):
         return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument(
-        "--min-time", type=float, help="our sampling floor in seconds (default: MeasureSettings's)"
-    )
-    args = ap.parse_args(argv)
-
+def run(args: argparse.Namespace) -> int:
+    """Time DEFAULT_CASES with our core, CUPTI and do_bench_cudagraph; the table printed, the JSON written
+    to args.out (args.iters profiler iterations, args.min_time our sampling floor or None)."""
     import torch
     import triton.testing
 
@@ -154,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = DeviceInfo.detect("cuda")
     if device.kind != "cuda":
-        print("fidelity.py needs a CUDA GPU", file=sys.stderr)
+        print("dskbench fidelity: needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2
     shapes, registry = default_shapes(), load_registry()
     gap = core.calibrate_launch_gap()
@@ -264,7 +256,3 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(ok)} cases measured; {within}/{2 * len(ok)} mode comparisons within target (3% >= 5 us, 0.3 us below)"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

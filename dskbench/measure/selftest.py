@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """GPU self-test of dskbench.measure: its numbers next to the profiler's (CUPTI) kernel durations and
 Triton's timers, on plain torch ops, in cold and hot mode.
 
-    python scripts/measure_selftest.py OUT.json [--quick] [--no-ceilings] [--only NAME ...]
+    dskbench selftest OUT.json [--quick] [--no-ceilings] [--only NAME ...]
 
 The reference is torch.profiler's (CUPTI) span per launch (first activity start -> last end, kernels
 and memcpys, the flush left out), from an eager loop of [flush, op] (cold) or [op] (hot). The launch
@@ -21,14 +20,11 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dskbench.measure import (  # noqa: E402
+from dskbench.measure import (
     MeasureSettings,
     datasheet_peaks,
     gpu_identity,
@@ -36,14 +32,14 @@ from dskbench.measure import (  # noqa: E402
     measure_ceilings,
     read_clocks,
 )
-from dskbench.measure.calibrate import (  # noqa: E402
+from dskbench.measure.calibrate import (
     ProfileJob,
     calibrate_launch_gap,
     profile_launches,
     settings_with_gap,
     span_summary,
 )
-from dskbench.measure.cuda import flush_buffer, l2_bytes  # noqa: E402
+from dskbench.measure.cuda import flush_buffer, l2_bytes
 
 
 def within_target(measured: float, ref: float) -> bool:
@@ -143,16 +139,10 @@ def brief(m: Any) -> dict[str, Any]:
     return d
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path, help="JSON output path")
-    ap.add_argument("--quick", action="store_true", help="MeasureSettings.quick() budgets")
-    ap.add_argument("--no-ceilings", action="store_true")
-    ap.add_argument("--only", nargs="*", default=None, help="op names to run")
-    args = ap.parse_args()
-
+def run(args: argparse.Namespace) -> int:
+    """The self-test: args.out (JSON), args.quick, args.no_ceilings, args.only (op names or None)."""
     if not torch.cuda.is_available():
-        print("no CUDA device: this self-test needs a GPU")
+        print("dskbench selftest: needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
     base = MeasureSettings.quick() if args.quick else MeasureSettings()
@@ -294,7 +284,3 @@ def main() -> int:
         f"graph within target (3% >= 5 us, 0.3 us below): corrected {n_ok}/{len(rows)}, raw {n_raw_ok}/{len(rows)}"
     )
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

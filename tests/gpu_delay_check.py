@@ -1,8 +1,8 @@
 """Real-GPU check of dskbench compare: two runs, the second with known extra delays, must differ exactly
 where the delays went.
 
-    python scripts/gpu_delay_check.py --out DIR                 # on a GPU box with the stack
-    python scripts/gpu_delay_check.py --out DIR --device cpu    # the plumbing, on the CPU (torch-ref)
+    python tests/gpu_delay_check.py --out DIR                 # on a GPU box with the stack
+    python tests/gpu_delay_check.py --out DIR --device cpu    # the plumbing, on the CPU (torch-ref)
 
 1. Runs a quick sweep of a few small and large kernels (default: rmsnorm/sgl_kernel, a norm of 2-90 us,
    and dsv3_fused_a_gemm/torch.linear, a BF16 cuBLAS GEMM of 12-320 us) with a fixed seed: DIR/base.jsonl.

@@ -2,7 +2,7 @@
 them are measured once twins share a measurement (dskbench.execution.twins), and how many of those a GPU
 of each architecture runs (the rest it records as skipped, in moments).
 
-    python3 scripts/plan_stats.py [--profile full --profile quick] [--tp 1,4,8] [--gpu SM[:GIB]]... [--json OUT]
+    dskbench plan-stats [--profile full --profile quick] [--tp 1,4,8] [--gpu SM[:GIB]]... [--json OUT]
 
 `--gpu 90:80` is a GPU of compute capability 9.0 with 80 GiB (an H100 shows about that); the memory is
 what the gate's memory rule reads, omitted: not checked. Default: 90:80 and 100:180. Planning and gating
@@ -11,22 +11,16 @@ only: nothing is measured and no GPU is needed.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dskbench.adapters import get_adapter  # noqa: E402
+from dskbench.adapters import get_adapter
 from dskbench.device.info import DeviceInfo
-from dskbench.execution.gate import why_not  # noqa: E402
-from dskbench.execution.items import SweepOptions, WorkItem  # noqa: E402
-from dskbench.execution.runner import plan_sweep  # noqa: E402
-from dskbench.execution.twins import measure_once  # noqa: E402
-from dskbench.shapes.cases import Case, ModelShapes  # noqa: E402
+from dskbench.execution.gate import why_not
+from dskbench.execution.items import SweepOptions, WorkItem
+from dskbench.execution.runner import plan_sweep
+from dskbench.execution.twins import measure_once
+from dskbench.shapes.cases import Case, ModelShapes
 
 DEFAULT_GPUS = ("90:80", "100:180")
 
@@ -77,38 +71,8 @@ def plan_rows(
 
 
 def line(row: Mapping[str, Any]) -> str:
+    """One profile's row as printed."""
     gpus = ", ".join(f"{name} runs {n}" for name, n in row["runs_on"].items())
     tp = ",".join(map(str, row["tp"]))
     copied = row["items"] - row["measured"]
     return f"{row['profile']} tp {tp}: {row['items']} items, {row['measured']} measured ({copied} copy a twin); {gpus}"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--profile", action="append", choices=("full", "quick", "cpu"), help="default: full, quick"
-    )
-    ap.add_argument("--tp", default="1,4,8", help="TP degrees, comma-separated (default 1,4,8)")
-    ap.add_argument("--gpu", action="append", help="SM[:GIB], repeatable (default 90:80 and 100:180)")
-    ap.add_argument("--json", type=Path, help="also write the rows here")
-    args = ap.parse_args(argv)
-    try:
-        tp = tuple(int(x) for x in args.tp.split(",") if x.strip())
-        gpus = dict(parse_gpu(s) for s in (args.gpu or DEFAULT_GPUS))
-    except ValueError as e:
-        msg = str(e) if str(e).startswith("--gpu") else f"--tp {args.tp!r}: expected degrees like 1,4,8"
-        print(f"plan_stats: {msg}", file=sys.stderr)
-        return 2
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import load_shapes
-
-    rows = plan_rows(load_registry(), load_shapes(), args.profile or ["full", "quick"], tp, gpus)
-    for row in rows:
-        print(line(row))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ first-time JIT compilation (the figure the sweep-speed target is about), and whe
 stage by stage (inputs, reference, check, warm-up, capture, sampling, ...), in all and for the kernels
 that took longest.
 
-    python3 scripts/sweep_stats.py RESULTS.jsonl[.gz]... [--top N] [--json OUT]
+    dskbench stats RESULTS.jsonl[.gz]... [--top N] [--json OUT]
 
 Wall time per GPU runs from the run's first record to its GPU's last one (records carry `finished`);
 JIT time is the `first_launch_s` stage of items whose first launch took over JIT_S seconds (a warm
@@ -12,19 +12,12 @@ first launch takes milliseconds). Resumed files hold several runs: each run is c
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections import Counter, defaultdict
 from dataclasses import fields
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dskbench.results.io import ResultsError, read_runs  # noqa: E402
-from dskbench.results.records import Stages  # noqa: E402
+from dskbench.results.records import Stages
 
 JIT_S = 1.0
 STAGES = tuple(f.name for f in fields(Stages) if f.name != "extra")  # in the order a case runs them
@@ -119,36 +112,19 @@ def stage_lines(s: dict[str, Any], top: int) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", nargs="+", type=Path)
-    ap.add_argument("--top", type=int, default=10, help="kernels to list by item time (default 10)")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    try:
-        stats = [run_stats(r) for r in read_runs(args.results)]
-    except ResultsError as e:
-        print(f"sweep_stats: {e}", file=sys.stderr)
-        return 2
-    for s in stats:
-        c = s["counts"]
-        print(
-            f"run {s['run_id']} on {s['device']}: {s['records']} records — ok {c.get('ok', 0)}, wrong {c.get('wrong', 0)}, "
-            f"skipped {c.get('skipped', 0)}, error {c.get('error', 0)}; wall {s['wall_s']} s"
+def report_lines(s: dict[str, Any], top: int) -> list[str]:
+    """A run's summary as printed: counts, each GPU's wall time, the stage table, errors and wrongs."""
+    c = s["counts"]
+    lines = [
+        f"run {s['run_id']} on {s['device']}: {s['records']} records — ok {c.get('ok', 0)}, wrong {c.get('wrong', 0)}, "
+        f"skipped {c.get('skipped', 0)}, error {c.get('error', 0)}; wall {s['wall_s']} s"
+    ]
+    for idx, g in s["gpus"].items():
+        lines.append(
+            f"  gpu {idx}: {g['cases']} cases, wall {g['wall_s']} s, JIT {g['jit_s']} s, without JIT {g['wall_without_jit_s']} s"
         )
-        for idx, g in s["gpus"].items():
-            print(
-                f"  gpu {idx}: {g['cases']} cases, wall {g['wall_s']} s, JIT {g['jit_s']} s, without JIT {g['wall_without_jit_s']} s"
-            )
-        for line in stage_lines(s, args.top):
-            print(line)
-        for what in ("errors", "wrong"):
-            for k, n in s[what].items():
-                print(f"  {what[:-1] if what == 'errors' else what} x{n}: {k}")
-    if args.json:
-        args.json.write_text(json.dumps(stats, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    lines += stage_lines(s, top)
+    for what in ("errors", "wrong"):
+        for k, n in s[what].items():
+            lines.append(f"  {what[:-1] if what == 'errors' else what} x{n}: {k}")
+    return lines

@@ -3,7 +3,7 @@
 Drives Chromium through the DevTools protocol over ``--remote-debugging-pipe`` (NUL-separated JSON on
 file descriptors 3 and 4), so it needs only the standard library: no websocket client, no playwright.
 
-    python scripts/browser_check.py results/report/ --shots tests/artifacts/
+    python tests/browser_check.py results/report/ --shots tests/artifacts/
 
 serves the folder on 127.0.0.1, prints what it found as JSON and exits non-zero on a problem.
 """

@@ -10,7 +10,7 @@ and the gap  layer / sum(isolated) - 1  is written as JSON (negative: the layer 
 e.g. launch gaps hidden, data left in L2). Each kernel keeps its own inputs (no data flows between them),
 so this measures back-to-back execution, not fusion. GPU only.
 
-    python3 scripts/insitu_layer.py RESULTS.jsonl... [--batch 1,16,64,256] [--layer moe] [--mode cold]
+    dskbench insitu RESULTS.jsonl... [--batch 1,16,64,256] [--layer moe] [--mode cold]
         [--tp 1] [--kv-len 4096] [--out results/insitu-layer.json]
 """
 
@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 
 def layer_kernels(
@@ -132,39 +129,17 @@ def _why(fields: dict[str, Any]) -> dict[str, Any]:
     return {"status": fields.get("status"), "reason": fields.get("reason")}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", nargs="+", type=Path, help="results files `dskbench pick` reads")
-    ap.add_argument(
-        "--batch", default="1,16,64,256", help="comma-separated batch sizes (default 1,16,64,256)"
-    )
-    ap.add_argument("--layer", choices=("moe", "dense"), default="moe")
-    ap.add_argument(
-        "--mode", choices=("cold", "hot"), default="cold", help="L2 flushed before each launch or not"
-    )
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument(
-        "--kv-len",
-        type=int,
-        default=None,
-        help="attention context (default: shapes/deployment.yaml)",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=Path("results/insitu-layer.json"))
-    args = ap.parse_args(argv)
-
+def run(args: argparse.Namespace, runs: Any, dev: str) -> int:
+    """Time one layer of the picks of `runs` (one device's, `dev`) at each of args.batch on this GPU and
+    write args.out. args: batch (sizes), layer, mode, tp, kv_len (None: the deployment's), seed, out."""
     from dskbench.device.info import DeviceInfo
     from dskbench.measure import MeasureSettings
-    from dskbench.pick.choose import load_runs, pick
+    from dskbench.pick.choose import pick
 
     device = DeviceInfo.detect("cuda")
-    if device.kind != "cuda":
-        print("insitu_layer: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    runs, dev = load_runs(args.results)
     if dev != device.name:
-        print(f"insitu_layer: results are from {dev}, this GPU is {device.name}", file=sys.stderr)
-    batches = [int(x) for x in args.batch.split(",") if x]
+        print(f"dskbench insitu: results are from {dev}, this GPU is {device.name}", file=sys.stderr)
+    batches = list(args.batch)
     result = pick(runs, dev, phases=["decode"], batches=batches, tp=args.tp, kv_len=args.kv_len)
     picker = result.phases[0].picker
     args.kv_len = result.kv_len
@@ -197,7 +172,3 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
