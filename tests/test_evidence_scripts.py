@@ -201,3 +201,17 @@ def test_plans_use_the_jobs_own_gpus_and_refuse_too_few(tmp_path):
         assert p.returncode == 2 and msg in p.stderr
     p = subprocess.run(["bash", str(EVIDENCE / "sweep.sh")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "usage: bash scripts/evidence/sweep.sh OUT" in p.stderr
+
+
+def test_timers_plan_runs_the_subset_batched_per_case_and_batched_again(tmp_path):
+    """The timers plan: three runs of one subset (the middle one --no-batch), each a valid dskbench
+    command line, on the job's first GPU."""
+    from dskbench.frontends.cli import build_parser
+
+    cmds, lines = _plan("timers.sh", tmp_path / "o", CUDA_VISIBLE_DEVICES="2,3")
+    runs = [c for c in cmds if c[:4] == ["python3", "-m", "dskbench", "run"]]
+    for c in runs:
+        build_parser().parse_args(c[3:])
+    assert [c[-1].rsplit("/", 1)[1] for c in runs] == ["batched-1.jsonl", "per-case.jsonl", "batched-2.jsonl"]
+    assert ["--no-batch" in c for c in runs] == [False, True, False]
+    assert all("[CUDA_VISIBLE_DEVICES=2]" in ln for ln in lines)
