@@ -5,7 +5,7 @@
 Pairs every (case, backend) measured `ok` in both (twin records copied from another op's measurement,
 `shared_with`, are left out: they would count one measurement twice), and prints the spread over all
 pairs and by latency band (the small cold kernels are where it is widest), plus the pairs that moved
-most. The issue's target: median |delta| under 2% between two back-to-back sweeps on one machine.
+most. The target: median |delta| under 2% between two back-to-back sweeps on one machine.
 """
 
 from __future__ import annotations

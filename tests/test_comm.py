@@ -590,7 +590,7 @@ def test_fusion_needs_peer_access_on_every_rank_first():
 
 
 def test_comm_bench_eight_gloo_ranks_run_the_tp8_path(tmp_path):
-    """TP=8 (issue 8: no 8-GPU machine is lent) through the same code with 8 CPU ranks: the plan,
+    """TP=8 with no 8-GPU machine at hand: the same code with 8 CPU ranks: the plan,
     the rank agreement, NCCL's stand-in all-reduce checked on every rank, and the bus-bandwidth
     factor 2(n-1)/n with n = 8."""
     out = tmp_path / "comm8.jsonl"
