@@ -57,7 +57,7 @@ def test_reference_matches_the_formula(kernel, fn):
     assert torch.allclose(ref.double(), expected, rtol=1e-6, atol=1e-7)
 
 
-def test_traffic_matches_the_catalogue():
+def test_traffic_is_the_minimum_traffic():
     dense = get_adapter("silu_and_mul").traffic(_case("silu_and_mul", "act_fn"))
     assert (dense.bytes, dense.flops) == (3 * 16 * 18432 * 2, 5 * 16 * 18432)
     routed = get_adapter("silu_and_mul").traffic(_case("silu_and_mul", "experts"))

@@ -1,5 +1,5 @@
 """Attention adapters (dskbench.adapters.attention) on CPU: inputs, references against float64 loops,
-page-table views, skips, traffic against the catalogue's numbers, backend declarations."""
+page-table views, skips, traffic against hand-counted numbers, backend declarations."""
 
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def test_decode_kv_budget_skip_and_traffic():
     assert "exceeds" in a.skip_reason(bigger)
     tr = a.traffic(largest)
     total_len = 256 * 131072
-    assert tr.flops == 278_528 * total_len  # catalogue 1.1
+    # 2 x Nh x (576 + 512) per KV position: QK over 576, PV over 512
+    assert tr.flops == 278_528 * total_len
     assert tr.bytes == total_len * 576 * 2 + 256 * 128 * (576 + 512) * 2 + 4 * 256
     tp8 = Case("x", "attn_mqa", "decode", {}, {**dims, "Nh": 16})
     assert a.traffic(tp8).flops == 278_528 * total_len // 8
@@ -171,7 +172,8 @@ def test_prefill_inputs_reference_and_traffic(kernel):
     assert ref.shape == (t, 128, 128) and ref.dtype == torch.float32
     assert a.check(ref.to(torch.bfloat16), ref, c).ok
     tr = a.traffic(c)
-    assert tr.flops == 81_920 * t * (t + 1) // 2  # catalogue 1.4 (one request)
+    # 2 x Nh x (192 + 128) per causal (q, k) pair (one request)
+    assert tr.flops == 81_920 * t * (t + 1) // 2
     assert tr.bytes == t * 128 * (192 + 128) * 2 * 2
     big = next(c for c in _cases(kernel, "full") if c.point["T"] == 16384)
     assert a.traffic(big).flops == 81_920 * 4 * 4096 * 4097 // 2
@@ -246,7 +248,8 @@ def test_concat_mla_k_strided_inputs_and_reference():
     assert ref.shape == (t, 128, 192)
     assert torch.equal(ref[7, 5, :128], kn[7, 5].float()) and torch.equal(ref[7, 99, 128:], kr[7, 0].float())
     assert a.check(ref.to(torch.bfloat16), ref, c).ok
-    assert a.traffic(c).bytes == 82_048 * t  # catalogue 1.7
+    # k_nope [128, 128] + k_rope [64] read, k [128, 192] written, bf16
+    assert a.traffic(c).bytes == 82_048 * t
     tp8 = _cases("concat_mla_k", "quick", tp=8)[0]
     assert tp8.dims["Nh"] == 16
     skips = {b.name: b.skip(tp8) if b.skip else None for b in a.backends}
@@ -262,7 +265,8 @@ def test_concat_mla_absorb_q():
     assert x["a"].shape == (4, 128, 512) and x["b"].shape == (4, 128, 64)
     ref = a.reference(x, c)
     assert torch.equal(ref[..., 512:], x["b"].float()) and torch.equal(ref[..., :512], x["a"].float())
-    assert a.traffic(c).bytes == 294_912 * 4  # catalogue 1.8
+    # a [128, 512] + b [128, 64] read, [128, 576] written, bf16
+    assert a.traffic(c).bytes == 294_912 * 4
 
 
 # -- backends --------------------------------------------------------------------------------------------

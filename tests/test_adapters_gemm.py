@@ -373,9 +373,9 @@ def test_qserve_inputs_at_a_model_shape():
     assert a.reference(x, c).shape == (1, 7168)
 
 
-# -- traffic: catalogue §4 numbers ---------------------------------------------------------------------
+# -- traffic: hand-counted numbers -----------------------------------------------------------------------
 
-# op[:variant] -> (K, N, weight format, weight bytes, FLOPs per token) from the catalogue §4 table.
+# op[:variant] -> (K, N, weight format, weight bytes, FLOPs per token), counted by hand from the model config.
 TABLE = {
     "fused_qkv_a_proj_with_mqa": (7168, 2112, "bf16", 30_277_632, 30_277_632),
     "q_b_proj": (1536, 24576, "bf16", 75_497_472, 75_497_472),
@@ -390,7 +390,7 @@ TABLE = {
 }
 
 
-def test_catalogue_gemm_table_from_shapes():
+def test_gemm_table_from_shapes():
     seen = set()
     for phase in ("decode", "prefill"):
         for op in SHAPES.op_groups["linear"]:
@@ -420,10 +420,10 @@ def test_traffic_numbers():
         _case("fp8_blockwise_scaled_mm", "fused_qkv_a_proj_with_mqa")
     )
     assert t.bytes == 7168 + 15_138_816 + 4 * 56 + 4 * 17 * 56 + 2 * 2112
-    # QServe per-channel at o_proj, T=1: M*K + N*K/2 + 2(2N + 2M) + 2*M*N (catalogue 4.5)
+    # QServe per-channel at o_proj, T=1: M*K + N*K/2 + 2(2N + 2M) + 2*M*N
     t = get_adapter("qserve_w4a8_per_chn_gemm").traffic(_case("qserve_w4a8_per_chn_gemm", "o_proj"))
     assert t.bytes == 16384 + 16384 * 7168 // 2 + 2 * (2 * 7168 + 2) + 2 * 7168
-    # bmm_fp8 (catalogue 4.7): w_kc = 16,384T + 8,388,608 + 131,072T; w_vc = 65,536T + 8,388,608 + 32,768T
+    # bmm_fp8: w_kc = 16,384T + 8,388,608 + 131,072T; w_vc = 65,536T + 8,388,608 + 32,768T
     bmm = get_adapter("bmm_fp8")
     t = bmm.traffic(_case("bmm_fp8", "forward_absorb_prepare", t=16, variant="q_nope_w_kc"))
     assert t.bytes == 16 * 16_384 + 8_388_608 + 16 * 131_072 + 8 and t.flops == 16 * 16_777_216

@@ -1,5 +1,5 @@
 """MoE compute adapters (dskbench.adapters.moe) on CPU: inputs, references against naive loops, the integer
-checks, traffic against the catalogue's numbers, backend declarations (binders: test_adapters_moe_binds)."""
+checks, traffic against hand-counted numbers, backend declarations (binders: test_adapters_moe_binds)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ BOOK_KERNELS = (
     "apply_shuffle_mul_sum",
 )
 ALL = GEMM_KERNELS + LAYER_KERNELS + BOOK_KERNELS
-PER_EXPERT_BF16 = 88_080_384  # catalogue §5: gate_up + down of one expert, BF16
-LAYER_FLOPS_PER_TOKEN = 704_643_072  # catalogue §5: both GEMMs of the routed experts, per token
+PER_EXPERT_BF16 = 88_080_384  # gate_up + down of one expert, BF16: 3 x 7168 x 2048 x 2 B
+LAYER_FLOPS_PER_TOKEN = 704_643_072  # both GEMMs of the 8 routed experts, per token
 
 
 def moe_case(kernel: str, t: int = 1, variant: str | None = None, tp: int = 1) -> Case:

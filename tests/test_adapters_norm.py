@@ -95,7 +95,7 @@ def test_fused_add_only_at_norms_with_a_residual():
     assert a.applies(_case("fused_add_rmsnorm", "post_attention_layernorm"))
 
 
-def test_traffic_matches_the_catalogue():
+def test_traffic_is_the_minimum_traffic():
     t, h = 16, 7168
     rms = get_adapter("rmsnorm").traffic(_case("rmsnorm", "input_layernorm", t))
     assert (rms.bytes, rms.flops) == (2 * t * h * 2 + h * 2, 4 * t * h)
@@ -196,7 +196,7 @@ def test_backends_are_well_formed(kernel):
     for b in a.backends:
         assert TARGET.match(b.target), b.target
         assert b.kind in KINDS
-        assert b.requires.sm is None  # every norm kernel runs on sm90 (catalogue 3.x)
+        assert b.requires.sm is None  # every norm kernel runs on sm90
         if b.target.startswith("torch.ops.sgl_kernel."):
             assert b.preload == ("sgl_kernel",)
     labelled = [b for b in a.backends if b.label == SGLANG_SM90]

@@ -81,7 +81,7 @@ def test_check_accepts_bf16_output_and_rejects_wrong_ones():
     assert not a.check(other.to(torch.bfloat16), ref, case).ok
 
 
-def test_traffic_matches_the_catalogue():
+def test_traffic_is_the_minimum_traffic():
     a = get_adapter("hadamard_transform")
     for variant, n in (("q", 16 * 64 * 128), ("k", 16 * 128)):
         t = a.traffic(_case(variant))

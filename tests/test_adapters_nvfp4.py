@@ -394,7 +394,7 @@ def test_gemm_traffic_at_o_proj() -> None:
     a = get_adapter("cutlass_scaled_fp4_mm")
     case = cpu_cases(a.kernel, "o_proj")[0]
     tr = a.traffic(case)
-    # catalogue 4.4: 0.5625 (MK + KN) + 2 MN; o_proj weight 66,060,288 B, FLOPs 234,881,024 T
+    # 0.5625 (MK + KN) + 2 MN bytes; o_proj weight 66,060,288 B, FLOPs 234,881,024 T
     assert tr.bytes == 66_060_288 + 9216 + 2 * 7168 and tr.flops == 234_881_024
     assert tr.compute == "fp4"
     marlin = a.traffic_for("sglang_jit.marlin", case)
@@ -407,8 +407,9 @@ def test_moe_traffic_at_decode() -> None:
     a = get_adapter("cutlass_fp4_group_mm")
     case = cpu_cases(a.kernel, "experts")[0]  # T = 1: exactly 8 experts
     tr = a.traffic(case)
-    assert nvfp4_common.expert_weight_bytes(7168, 2048) == 24_772_608  # catalogue section 5
-    assert tr.flops == 704_643_072  # catalogue: 704,643,072 T
+    # gate, up and down: 3 x 7168 x 2048 x 0.5625 B
+    assert nvfp4_common.expert_weight_bytes(7168, 2048) == 24_772_608
+    assert tr.flops == 704_643_072  # 8 experts x 3 GEMMs x 2 x 7168 x 2048 per token
     assert tr.bytes == 8 * 24_772_608 + 4 * 7168 + 8 * 8 and tr.compute == "fp4"
     hopper = a.traffic_for("sglang_jit.marlin_moe", case)
     assert hopper.bytes == tr.bytes and hopper.compute == "bf16"

@@ -85,7 +85,7 @@ def test_references_keep_inputs_and_shapes():
     assert torch.equal(q_ref[..., :512], minp["q_nope"].float())
 
 
-def test_traffic_matches_the_catalogue():
+def test_traffic_is_the_minimum_traffic():
     t = 16
     for kernel in ("apply_rope_with_cos_sin_cache_inplace", "rotary_embedding"):
         tr = get_adapter(kernel).traffic(_case(kernel, t))

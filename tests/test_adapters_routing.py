@@ -232,7 +232,7 @@ def test_check_accepts_a_near_tie_between_groups_only():
 # -- traffic and backends ------------------------------------------------------------------------------
 
 
-def test_traffic_catalogue():
+def test_traffic_counts():
     c = _case("moe_fused_gate", 64)
     t = get_adapter("moe_fused_gate").traffic(c)
     assert t.bytes == 64 * 256 * 4 + 256 * 4 + 64 * 8 * 8 and t.flops == 64 * 256 * 6

@@ -412,7 +412,7 @@ def test_compare_fake_scenario_and_exit_codes(tmp_path: Path, capsys):
 
 
 def test_unchanged_h200_sweeps_give_no_regression(capsys):
-    """The issue's target on the committed pair: two identical full sweeps, 0 regressions, exit 0."""
+    """The target on the committed pair: two identical full sweeps, 0 regressions, exit 0."""
     a, b = H200X4 / "sweep-a.jsonl.gz", H200X4 / "sweep-b.jsonl.gz"
     assert cli_compare([a], [b]) == 0
     out = capsys.readouterr().out

@@ -222,5 +222,5 @@ def test_moe_reference_matches_naive_loop(w4a4: bool) -> None:
 
 
 def test_nvfp4_bytes_is_9_16_per_element() -> None:
-    assert fp4.nvfp4_bytes(16384 * 7168) == 66_060_288  # o_proj weight, catalogue section 4 table
+    assert fp4.nvfp4_bytes(16384 * 7168) == 66_060_288  # o_proj weight [7168, 16384]
     assert fp4.nvfp4_bytes(16) == 9

@@ -66,7 +66,7 @@ def test_statuses(entries):
     assert entries["cutlass_mla_decode"]["status"] == "benchmark"
     assert entries["int8_scaled_mm"]["status"] == "benchmark"  # q_proj is not run, q_b_proj is
     absent = entries["load_fp8_kv_cache"]
-    assert absent["status"] == "absent" and "catalogue §14" in absent["status_reason"]
+    assert absent["status"] == "absent" and "not in any pinned package" in absent["status_reason"]
 
 
 def test_same_definition_line_spellings_merge(entries):

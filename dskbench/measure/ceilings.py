@@ -1,7 +1,8 @@
 """The machine's measured ceilings, once per run, through the same `measure()` as every kernel.
 
 - copy: a 256 MiB device-to-device copy; bandwidth counts bytes read plus bytes written.
-- bf16 matmul: 8192^3 torch.mm on random data (zeros can run faster than real data: METHOD.md).
+- bf16 matmul: 8192^3 torch.mm on random data (a GPU multiplies zeros faster than real data: less
+  switching power, higher clocks).
 - fp8 e4m3 matmul: 8192^3 torch._scaled_mm with tensor-wise scales and fast accumulation (the
   Hopper/Blackwell peak path), random data; skipped below sm89.
 All hot mode: the operands are far larger than L2, so flushing would change nothing but the cost.

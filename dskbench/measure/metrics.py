@@ -5,7 +5,7 @@ measured latency; FLOP/s likewise. The % of peak is taken against the GPU's data
 fixed denominator, so 100% is a hard limit and a record above it is a traffic-model bug, not a fast
 kernel. The run's measured ceilings (ceilings.py) are compared with as well ("% of measured"), but only
 those that converged unthrottled (ceilings.usable_ceilings); the others are named with the reason they
-were left out. The floor is METHOD.md's "two numbers": the larger of bytes over bandwidth and FLOPs over
+were left out. The floor is the roofline's: the larger of bytes over bandwidth and FLOPs over
 the compute rate, at the datasheet peaks (a measured ceiling stands in where the datasheet has none),
 and `pct_of_floor` is floor / latency (100% = at the roofline).
 """

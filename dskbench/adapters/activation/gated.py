@@ -1,5 +1,5 @@
-"""Gated activations `act(x[..., :d]) * x[..., d:]`: `silu_and_mul`, `gelu_and_mul`, `gelu_tanh_and_mul`
-(catalogue 2.1-2.3). Input [T, 2D] bf16 (gate | up), output [T, D].
+"""Gated activations `act(x[..., :d]) * x[..., d:]`: `silu_and_mul`, `gelu_and_mul`, `gelu_tanh_and_mul`.
+Input [T, 2D] bf16 (gate | up), output [T, D].
 
 What SGLang 0.5.16 runs for DeepSeek-R1-NVFP4 on sm90: `sglang.jit_kernel.activation.silu_and_mul`
 (backend "sglang_jit", labelled) — imported on CUDA by `srt/layers/activation.py` (dense MLP act_fn,

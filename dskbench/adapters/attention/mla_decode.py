@@ -1,4 +1,4 @@
-"""MLA decode (absorbed, catalogue §1): the inputs, reference and traffic every MLA decode kernel shares.
+"""MLA decode (absorbed): the inputs, reference and traffic every MLA decode kernel shares.
 
 q = [q_nope_absorbed | q_pe] is [B, Nh, 576]; the cache holds one latent row [c_kv (512) | k_pe (64)] per
 token; attention is softmax(q . row * sm_scale) @ row[:512]. Inputs build one bf16 cache [pages * 128, 576]

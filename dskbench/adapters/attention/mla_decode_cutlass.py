@@ -1,7 +1,7 @@
 """CUTLASS SM100 MLA decode (`cutlass_mla_decode`), as SGLang's cutlass_mla backend calls it, and a check of
 its host-side workspace sizing.
 
-`cutlass_mla_get_workspace_size` (catalogue 1.2, `sgl_kernel.attention`) is a host function sizing the
+`cutlass_mla_get_workspace_size` (`sgl_kernel.attention`) is a host function sizing the
 workspace of the sm100-only `cutlass_mla_decode` (registry status `host-only`, no adapter). SGLang 0.5.16
 calls it only from the cutlass_mla attention backend, which sm90 never selects (Hopper's MLA default is fa3).
 `cutlass_mla_workspace_size` resolves it (or takes one) for GPU tests and raises ValueError when the result

@@ -1,11 +1,11 @@
-"""What the dense GEMM adapters share (catalogue §4): the quantisable projections, weight bytes by format,
+"""What the dense GEMM adapters share: the quantisable projections, weight bytes by format,
 FLOPs, the M/N/K of a case, and the what-if base class.
 
 The NVFP4-v2 checkpoint runs its BF16 projections through cuBLAS and its NVFP4 ones through Marlin on
 Hopper, so the INT8/FP8/W4A8 kernels are measured as a *what-if*: "this projection, at this shape, in this
 format" — every linear of the model except the router (which SGLang never quantises).
 
-Byte counts follow catalogue §0.6: each operand read once, output written once, scales counted.
+Byte counts are the minimum traffic: each operand read once, output written once, scales counted.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LINEAR_OPS = (
 )
 NEVER_QUANTISED = frozenset({"gate"})  # sglang's MoEGate is a plain nn.Module in every checkpoint
 
-# Bytes per element of a stored weight, by format (catalogue §0.1; NVFP4 counts its e4m3 block scales).
+# Bytes per element of a stored weight, by format (NVFP4 counts its e4m3 scale per 16 elements).
 WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "nvfp4": 0.5625, "int4": 0.5}
 OUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -43,7 +43,7 @@ SM120 = Requirement(sm=(120, 121))
 
 
 def weight_bytes(k: int, n: int, fmt: str) -> int:
-    """Stored bytes of an [N, K] weight in `fmt` (catalogue §4 table column 'weight bytes')."""
+    """Stored bytes of an [N, K] weight in `fmt`."""
     return int(k * n * WEIGHT_BYTES[fmt])
 
 

@@ -28,13 +28,13 @@ from dskbench.shapes.cases import Case
 def gemm_traffic_w4a4(m: int, n: int, k: int) -> int:
     """Bytes of an NVFP4 W4A4 GEMM: both operands at 0.5625 B/elem (0.5 packed + 1/16 e4m3 scale), bf16 out.
 
-    Scales are counted unpadded: the 128-row / 4-column swizzle padding is not traffic the op needs
-    (catalogue 0.6), although at M < 128 the kernels do read the padded activation-scale tile."""
+    Scales are counted unpadded: the 128-row / 4-column swizzle padding is not traffic the op needs,
+    although at M < 128 the kernels do read the padded activation-scale tile."""
     return fp4.nvfp4_bytes(m * k) + fp4.nvfp4_bytes(n * k) + 2 * m * n
 
 
 def gemm_traffic_w4a16(m: int, n: int, k: int) -> int:
-    """Bytes of the Marlin W4A16 GEMM: NVFP4 weight, bf16 activation in and out (catalogue 4.4)."""
+    """Bytes of the Marlin W4A16 GEMM: NVFP4 weight, bf16 activation in and out."""
     return fp4.nvfp4_bytes(n * k) + 2 * m * k + 2 * m * n
 
 

@@ -1,4 +1,4 @@
-"""`weak_ref_tensor` (catalogue 12.1): a traced name that is not a GPU kernel; it gets no adapter.
+"""`weak_ref_tensor`: a traced name that is not a GPU kernel; it gets no adapter.
 
 `weak_ref_tensor` (`sgl_kernel.memory.weak_ref_tensor` -> AOT op `weak_ref_tensor`) returns a non-owning
 alias of its input and launches nothing: a device-side timing would measure an empty stream, so it keeps

@@ -1,4 +1,4 @@
-"""moe_align_block_size (catalogue §5): sort (token, slot) pairs by expert, padded per expert to the MoE
+"""moe_align_block_size: sort (token, slot) pairs by expert, padded per expert to the MoE
 block, with the block-size rule and buffer length SGLang uses."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CUTLASS grouped expert GEMMs (catalogue §5) over expert-ordered rows: block-FP8
+"""The CUTLASS grouped expert GEMMs over expert-ordered rows: block-FP8
 fp8_blockwise_scaled_grouped_mm and its expert-specialised twin, and the Hopper W4A8 cutlass_w4a8_moe_mm.
 
 Rows come in expert order with the offsets and problem sizes prepare_moe_input would produce for the

@@ -1,4 +1,4 @@
-"""The CUTLASS MoE bookkeeping (catalogue §5): prepare_moe_input and get_cutlass_w4a8_moe_mm_data turn
+"""The CUTLASS MoE bookkeeping: prepare_moe_input and get_cutlass_w4a8_moe_mm_data turn
 topk_ids into expert offsets, per-expert problem sizes and the gather/scatter permutations."""
 
 from __future__ import annotations

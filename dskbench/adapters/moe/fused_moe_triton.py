@@ -1,8 +1,9 @@
-"""fused_moe_kernel (catalogue §5): SGLang's Triton grouped MoE GEMM, gate_up or down.
+"""fused_moe_kernel: SGLang's Triton grouped MoE GEMM, gate_up or down.
 
 Weight formats benchmarked (``moe_gemm`` role variants): BF16 and FP8 128x128-block. The NVFP4 checkpoint
-itself has no Triton path: on sm90 SGLang runs its routed experts with the Marlin W4A16 MoE (catalogue
-5.16). Expert weights are counted in ``traffic`` for the experts the seed-0 routing activates.
+itself has no Triton path: on sm90 SGLang runs its routed experts with the Marlin W4A16 MoE
+(sglang python/sglang/srt/layers/moe/fused_moe_triton/fused_marlin_moe.py). Expert weights are counted
+in ``traffic`` for the experts the seed-0 routing activates.
 
 ``down_sum.*`` variants run the down GEMM in its FUSE_SUM_ALL_REDUCE mode (SGLang
 ``--enable-fused-moe-sum-all-reduce``, top_k > 2): each (token, slot) row is atomically added into a zeroed

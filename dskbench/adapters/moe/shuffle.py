@@ -1,4 +1,4 @@
-"""The CUTLASS MoE gather and combine (catalogue §5): shuffle_rows puts FP8 token rows in expert order;
+"""The CUTLASS MoE gather and combine: shuffle_rows puts FP8 token rows in expert order;
 apply_shuffle_mul_sum sums each token's K expert rows times its routing weights."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""moe_sum_reduce (catalogue §5): sum the K expert outputs of each token, times routed_scaling_factor."""
+"""moe_sum_reduce: sum the K expert outputs of each token, times routed_scaling_factor."""
 
 from __future__ import annotations
 

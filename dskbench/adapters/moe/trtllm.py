@@ -1,4 +1,4 @@
-"""FlashInfer's TRT-LLM fused MoE (catalogue §5, sm100): trtllm_bf16_moe and trtllm_fp8_block_scale_moe,
+"""FlashInfer's TRT-LLM fused MoE (sm100): trtllm_bf16_moe and trtllm_fp8_block_scale_moe,
 a whole routed-expert layer from router logits (DeepSeekV3 routing + GEMM1 + SwiGLU + GEMM2 + finalize).
 
 The reference routes with dskbench.adapters.common.routing's grouped_topk; tokens whose expert choice is

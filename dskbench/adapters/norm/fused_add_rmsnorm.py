@@ -1,4 +1,4 @@
-"""`fused_add_rmsnorm` (catalogue 3.2): residual add + RMSNorm, in place on the hidden states and residual.
+"""`fused_add_rmsnorm`: residual add + RMSNorm, in place on the hidden states and residual.
 
 What SGLang 0.5.16 runs for DeepSeek-R1-NVFP4 on sm90 (input/post_attention_layernorm with residual):
 `sgl_kernel.fused_add_rmsnorm`, which forwards to `flashinfer.norm.fused_add_rmsnorm` (backend

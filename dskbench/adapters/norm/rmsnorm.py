@@ -1,4 +1,4 @@
-"""`rmsnorm` (catalogue 3.1), and the RMSNorm reference, weights and eps the norm kernels share.
+"""`rmsnorm`, and the RMSNorm reference, weights and eps the norm kernels share.
 
 What SGLang 0.5.16 runs for DeepSeek-R1-NVFP4 on sm90 (`srt/layers/layernorm.py`, `RMSNorm.forward_cuda`)
 for `rmsnorm` (first input_layernorm, q_a/kv_a_layernorm, NextN enorm/hnorm/final norm): the Python

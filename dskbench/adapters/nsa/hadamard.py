@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 sparse-attention (NSA/DSA) indexer: `hadamard_transform` (catalogue 9.1).
+"""DeepSeek-V3.2 sparse-attention (NSA/DSA) indexer: `hadamard_transform`.
 
 DeepSeek-R1 has no indexer; these kernels run at the `nsa_indexer.forward` op, which the shapes file
 marks `models: [deepseek-v3.2]`.

@@ -1,5 +1,5 @@
 """DeepSeek-V3.2 sparse-attention (NSA/DSA) top-k: `fast_topk_v2`, `fast_topk_transform_fused`,
-`fast_topk_transform_ragged_fused` (sgl_kernel/top_k.py, catalogue 9.2-9.4).
+`fast_topk_transform_ragged_fused` (sgl_kernel/top_k.py).
 
 The indexer scores every KV position for each query token (fp32 logits); these kernels keep the
 `index_topk` (2048) best positions of each row's valid section [row_start, row_start + length). SGLang

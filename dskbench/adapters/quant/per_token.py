@@ -1,4 +1,4 @@
-"""`sgl_per_token_quant_fp8` (catalogue 8.1): per-token (row) FP8 quantisation with one fp32 scale per row.
+"""`sgl_per_token_quant_fp8`: per-token (row) FP8 quantisation with one fp32 scale per row.
 
 Not on DeepSeek-R1-NVFP4's default path; SGLang 0.5.16 calls it for FP8 checkpoints with dynamic
 per-token scales (`fp8_utils.apply_fp8_linear` -> `sglang_per_token_quant_fp8` -> the sgl-kernel AOT op).

@@ -1,5 +1,5 @@
-"""The per-token-group 8-bit quantisers `sgl_per_token_group_quant_fp8` / `_8bit` / `_int8` (catalogue
-8.2-8.4; one kernel behind three names), each measured at its own op.
+"""The per-token-group 8-bit quantisers `sgl_per_token_group_quant_fp8` / `_8bit` / `_int8`
+(one kernel behind three names), each measured at its own op.
 
 None of these runs for DeepSeek-R1-NVFP4 by default (its linears are BF16 or NVFP4/Marlin); they run for
 FP8 / INT8 checkpoints of DeepSeek. What SGLang 0.5.16 calls on sm90 in those cases:

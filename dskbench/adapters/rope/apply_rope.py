@@ -1,4 +1,4 @@
-"""`apply_rope_with_cos_sin_cache_inplace` (catalogue 7.1): DeepSeek's rope on q_pe / k_pe in place.
+"""`apply_rope_with_cos_sin_cache_inplace`: DeepSeek's rope on q_pe / k_pe in place.
 
 What SGLang 0.5.16 runs for DeepSeek-R1-NVFP4 on sm90: `RotaryEmbedding.forward_cuda`
 (`srt/layers/rotary_embedding/base.py`, inherited by `DeepseekScalingRotaryEmbedding`) calls

@@ -1,4 +1,4 @@
-"""`mla_rope_quantize_fp8` (catalogue 1.12): MLA rope on q_pe / k_pe fused with the FP8 quantisation of
+"""`mla_rope_quantize_fp8`: MLA rope on q_pe / k_pe fused with the FP8 quantisation of
 all four q/k parts.
 
 SGLang calls it only from the trtllm_mla backend with an FP8 KV cache (sm100); on sm90 it is not on

@@ -1,4 +1,4 @@
-"""`rotary_embedding` (catalogue 7.2): the vLLM-style rope, SGLang's fallback for head sizes outside
+"""`rotary_embedding`: the vLLM-style rope, SGLang's fallback for head sizes outside
 {64, 128, 256, 512}. DeepSeek (rope head 64) never takes it; measured at the same shapes."""
 
 from __future__ import annotations

@@ -75,12 +75,12 @@ def random_positions(case: Case, gen: torch.Generator, device: str) -> torch.Ten
 
 
 def rope_traffic(case: Case) -> Traffic:
-    # Catalogue 7.1: q_pe and k_pe read and written once (bf16) plus one fp32 cache row per token.
+    # Minimum traffic: q_pe and k_pe read and written once (bf16) plus one fp32 cache row per token.
     t, nh, dr, _ = rope_dims(case)
     return Traffic(
         bytes=nbytes(2 * t * (nh + 1) * dr, DTYPE) + nbytes(t * dr, torch.float32),
         flops=3 * t * (nh + 1) * dr,
-        note="positions (8 B/token) not counted, as in the catalogue",
+        note="positions (8 B/token) not counted",
     )
 
 

@@ -1,4 +1,4 @@
-"""moe_fused_gate (catalogue §6): DeepSeek-V3/R1's biased grouped top-k, [T, 256] router logits -> top-8.
+"""moe_fused_gate: DeepSeek-V3/R1's biased grouped top-k, [T, 256] router logits -> top-8.
 
 DeepSeek-V3/R1 routes with sigmoid scores + e_score_correction_bias, 8 groups of 32 experts, the best
 4 groups by the sum of their top-2 biased scores, then the top 8 experts of those groups; weights are

@@ -1,4 +1,4 @@
-"""topk_softmax / topk_sigmoid (catalogue §6): the flat gates of other MoE models, measured at DeepSeek's
+"""topk_softmax / topk_sigmoid: the flat gates of other MoE models, measured at DeepSeek's
 routing shapes ([T, 256] logits -> top-8), with the same tie-tolerant check as moe_fused_gate."""
 
 from __future__ import annotations

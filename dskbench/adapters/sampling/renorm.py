@@ -1,4 +1,4 @@
-"""`top_k_renorm_prob` and `top_p_renorm_prob` (catalogue 10.x): filter probs [B, V] and renormalise.
+"""`top_k_renorm_prob` and `top_p_renorm_prob`: filter probs [B, V] and renormalise.
 
 What SGLang 0.5.16 runs on sm90 with min_p (`srt/layers/sampler.py`, sampling_backend "flashinfer"):
 `sgl_kernel.top_k_renorm_prob` -> `sgl_kernel.top_p_renorm_prob` (then min-p sampling). The two sgl_kernel

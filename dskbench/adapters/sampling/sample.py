@@ -1,4 +1,4 @@
-"""`min_p_sampling_from_probs` and `top_k_top_p_sampling_from_probs` (catalogue 10.x): one token per row.
+"""`min_p_sampling_from_probs` and `top_k_top_p_sampling_from_probs`: one token per row.
 
 What SGLang 0.5.16 runs on sm90 (`srt/layers/sampler.py`, sampling_backend "flashinfer", once per step):
 without min_p, `flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, top_ks, top_ps,

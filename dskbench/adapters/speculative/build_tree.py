@@ -1,4 +1,4 @@
-"""`build_tree_kernel_efficient` (catalogue 11.x): the EAGLE draft tree's FULL_MASK tree mask, positions
+"""`build_tree_kernel_efficient`: the EAGLE draft tree's FULL_MASK tree mask, positions
 and retrieve links.
 
 SGLang 0.5.16 on sm90: `eagle_utils.build_tree_kernel_efficient` -> sgl-kernel AOT

@@ -1,4 +1,4 @@
-"""`fast_topk` (catalogue 11.x): top-k of the draft distribution [B*topk, V].
+"""`fast_topk`: top-k of the draft distribution [B*topk, V].
 
 What SGLang 0.5.16 runs for the draft top-k: for topk == 1 on CUDA, `eagle_worker_v2.draft_forward` calls
 the Triton `sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess` (backend "sglang_triton.topk1",

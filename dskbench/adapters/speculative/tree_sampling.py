@@ -1,4 +1,4 @@
-"""`tree_speculative_sampling_target_only` (catalogue 11.x): the non-greedy tree verify.
+"""`tree_speculative_sampling_target_only`: the non-greedy tree verify.
 
 SGLang 0.5.16 on sm90: `eagle_sample` -> sgl-kernel AOT `tree_speculative_sampling_target_only`
 (labelled) with draft_probs = zeros and thresholds 1.0 (server defaults). `chain_speculative_sampling_triton`

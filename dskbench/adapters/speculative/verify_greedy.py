@@ -1,4 +1,4 @@
-"""`verify_tree_greedy` (catalogue 11.x): the greedy acceptance walk over the draft tree.
+"""`verify_tree_greedy`: the greedy acceptance walk over the draft tree.
 
 SGLang 0.5.16 on sm90 (all-greedy batches): `verify_tree_greedy_func` -> sgl-kernel AOT
 `verify_tree_greedy` (labelled); the Triton twin `verify_tree_greedy_kernel_triton` is the XPU path.
