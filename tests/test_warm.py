@@ -22,15 +22,49 @@ from tests.test_shard import _entry, _item  # noqa: E402
 def test_one_item_per_kernel_backend_variant_first_in_plan_order():
     items = [_item(0, "k", 1, "a"), _item(1, "k", 1, "b"), _item(2, "k", 8, "a"), _item(3, "j", 8, "a")]
     fp8 = WorkItem(4, "k", "a", {**items[2].case, "variant": "fp8"}, "test")
-    picked = warm.warm_items([*items, fp8])
+    picked = warm.warm_items([*items, fp8], per_shape=lambda k, b: False)
     assert [it.index for it in picked] == [0, 1, 3, 4]
 
 
-def test_default_jobs_is_half_the_cores_within_bounds():
-    assert warm.default_jobs(1) == 1
-    assert warm.default_jobs(2) == 1
-    assert warm.default_jobs(16) == 8
-    assert warm.default_jobs(128) == warm.DEFAULT_MAX_JOBS
+def test_a_backend_that_compiles_per_shape_is_warmed_at_every_shape():
+    items = [_item(0, "k", 1, "a"), _item(1, "k", 1, "b"), _item(2, "k", 8, "a"), _item(3, "k", 8, "b")]
+    twin = WorkItem(4, "k", "b", dict(items[3].case), "test")  # same shape again: one build
+    picked = warm.warm_items([*items, twin], per_shape=lambda k, b: b == "b")
+    assert [it.index for it in picked] == [0, 1, 3]  # "a" once; "b" at T=1 and at T=8
+    assert warm.builds_per_shape("fake_ok", "fake") is False  # the fakes are torch: one build
+
+
+def test_default_jobs_is_half_the_cores_within_memory():
+    gib = 2**30
+    assert warm.default_jobs(1, 512 * gib) == 1
+    assert warm.default_jobs(2, 512 * gib) == 1
+    assert warm.default_jobs(16, 128 * gib) == 8
+    assert warm.default_jobs(64, 512 * gib) == 32  # no fixed cap: a big host runs more builds
+    assert warm.default_jobs(64, 48 * gib) == 8  # ...unless its memory holds fewer
+    assert warm.default_jobs(16, 2 * gib) == 1
+
+
+def test_the_longest_builds_of_an_earlier_warm_start_first(tmp_path):
+    groups = [[_item(0, "short", 1, "a")], [_item(1, "marlin", 1, "a")], [_item(2, "new", 1, "a")]]
+    (tmp_path / "w.json").write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"kernel": "marlin", "backend": "a", "first_launch_s": 420.0},
+                    {"kernel": "short", "backend": "a", "first_launch_s": 3.0},
+                ]
+            }
+        )
+    )
+    build_s = warm.read_build_times(tmp_path / "w.json")
+    assert [g[0].kernel for g in warm.longest_first(groups, build_s)] == ["marlin", "short", "new"]
+    (tmp_path / "bad.json").write_text("[]")
+    try:
+        warm.read_build_times(tmp_path / "bad.json")
+    except warm.WarmError as e:
+        assert str(e).startswith(f"{tmp_path / 'bad.json'}: not a `dskbench warm --out` file")
+    else:
+        raise AssertionError("a file without results was read")
 
 
 def test_warm_only_prepares_and_checks_but_times_nothing():

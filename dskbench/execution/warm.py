@@ -3,8 +3,9 @@
 Why: on a fresh GPU box most of a first sweep's wall time is compilation, not measuring, and a
 sweep compiles one module after another, in the order it meets them. The compilers are CPU work
 (nvcc through FlashInfer, tvm-ffi, torch extensions; Triton), so they can run side by side. Warming
-runs one item per (kernel, backend, variant) — the one that triggers the build — in `jobs` worker
-processes at once, spread over the host's GPUs; each item is prepared exactly as the sweep prepares it
+runs one item per (kernel, backend, variant) — the one that triggers the build — and, for a backend that
+compiles per shape (Triton, CuTe DSL), one per shape, in `jobs` worker processes at once (sized by cores
+and memory), spread over the host's GPUs, the longest builds of an earlier warm-up first; each item is prepared exactly as the sweep prepares it
 (inputs, reference, bind, first launch, check) and nothing is timed. The caches they fill (FlashInfer's,
 tvm-ffi's, Triton's, torch's extension dir) are the ones the sweep then finds.
 
@@ -29,26 +30,92 @@ from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.sweep import case_limits, worker_plan
 
-DEFAULT_MAX_JOBS = 16  # nvcc builds are memory- and core-hungry; more rarely helps on a 16-64 core host
+GIB_PER_JOB = 6  # host memory one build may take (nvcc on a large CUTLASS or Marlin template)
+# Backends whose compiler runs again for each new shape: Triton specialises a kernel on its integer
+# arguments (and autotunes per key), CuTe DSL compiles per shape. Their every case is warmed, not one.
+PER_SHAPE_KINDS = ("triton", "cutedsl")
 
 
-def default_jobs(cpus: int | None = None) -> int:
+def default_jobs(cpus: int | None = None, memory_bytes: int | None = None) -> int:
     """Half the cores (a build runs several compiler threads, but most builds are short and one long
-    one, such as Marlin's, leaves the rest idle), at least 1, at most 16."""
+    one, such as Marlin's, leaves the rest idle), and no more than the host's memory holds at
+    GIB_PER_JOB each; at least 1."""
     cpus = cpus or os.cpu_count() or 1
-    return max(1, min(DEFAULT_MAX_JOBS, cpus // 2))
+    memory_bytes = memory_bytes if memory_bytes is not None else host_memory()
+    by_memory = memory_bytes // (GIB_PER_JOB * 2**30) if memory_bytes else cpus
+    return max(1, min(cpus // 2, by_memory))
 
 
-def warm_items(items: Sequence[WorkItem]) -> list[WorkItem]:
-    """One item per (kernel, backend, variant): the first in plan order (the smallest decode case)."""
-    seen: set[tuple[str, str, Any]] = set()
+def host_memory() -> int | None:
+    """This host's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def builds_per_shape(kernel: str, backend: str) -> bool:
+    """Whether this backend compiles again for each shape (PER_SHAPE_KINDS)."""
+    from dskbench.adapters import get_adapter
+
+    adapter = get_adapter(kernel)
+    if adapter is None:
+        return False
+    b = next((b for b in adapter.all_backends() if b.name == backend), None)
+    return b is not None and b.kind in PER_SHAPE_KINDS
+
+
+def warm_items(
+    items: Sequence[WorkItem], per_shape: Callable[[str, str], bool] = builds_per_shape
+) -> list[WorkItem]:
+    """The items a sweep's compilers need: one per (kernel, backend, variant), the first in plan order
+    (the smallest decode case); for a backend that compiles per shape, one per distinct shape."""
+    seen: set[tuple[Any, ...]] = set()
+    shaped: dict[tuple[str, str], bool] = {}
     out = []
     for it in items:
-        key = (it.kernel, it.backend, it.case.get("variant"))
+        key: tuple[Any, ...] = (it.kernel, it.backend, it.case.get("variant"))
+        if (it.kernel, it.backend) not in shaped:
+            shaped[(it.kernel, it.backend)] = per_shape(it.kernel, it.backend)
+        if shaped[(it.kernel, it.backend)]:
+            key += (repr(sorted((it.case.get("dims") or {}).items())),)
         if key not in seen:
             seen.add(key)
             out.append(it)
     return out
+
+
+def longest_first(
+    groups: list[list[WorkItem]], build_s: dict[tuple[str, str], float]
+) -> list[list[WorkItem]]:
+    """Groups ordered by the build seconds an earlier warm-up recorded for their (kernel, backend)s,
+    longest first, so the long builds start at once and the short ones fill the other jobs."""
+
+    def cost(group: list[WorkItem]) -> float:
+        return sum(build_s.get((it.kernel, it.backend), 0.0) for it in group)
+
+    return sorted(groups, key=cost, reverse=True)  # stable: unknown builds keep plan order
+
+
+def read_build_times(path: Path) -> dict[tuple[str, str], float]:
+    """(kernel, backend) -> the longest first-launch seconds in an earlier `dskbench warm --out` file."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text())
+        rows = doc["results"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WarmError(f"{path}: not a `dskbench warm --out` file ({e})") from e
+    out: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if isinstance(r, dict) and isinstance(r.get("first_launch_s"), int | float):
+            key = (str(r.get("kernel")), str(r.get("backend")))
+            out[key] = max(out.get(key, 0.0), float(r["first_launch_s"]))
+    return out
+
+
+class WarmError(ValueError):
+    """Bad input to warm; the message is one line for the user."""
 
 
 def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
@@ -96,6 +163,7 @@ def run_warm(
     jobs: int,
     gpu_tokens: Sequence[str] | None = None,
     progress: Callable[[WarmResult], None] | None = None,
+    build_s: dict[tuple[str, str], float] | None = None,
 ) -> list[WarmResult]:
     """Prepare every warm item (no timing) in `jobs` worker processes at once.
 
@@ -125,7 +193,7 @@ def run_warm(
     limits = case_limits(
         wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
     )
-    Pool(slots, record, limits, shared=_groups(picked)).run()
+    Pool(slots, record, limits, shared=longest_first(_groups(picked), build_s or {})).run()
     return [results[it.index] for it in picked if it.index in results]
 
 
@@ -154,6 +222,7 @@ def warm(
     jobs: int,
     gpu_tokens: Sequence[str] | None,
     out: Path | None = None,
+    build_s: dict[tuple[str, str], float] | None = None,
 ) -> list[WarmResult]:
     """run_warm with a line per item on stderr, the table on stdout and, if asked, a JSON file."""
     import json
@@ -169,6 +238,7 @@ def warm(
             file=sys.stderr,
             flush=True,
         ),
+        build_s=build_s,
     )
     wall = time.monotonic() - t0
     jobs = jobs_for(items, jobs)

@@ -33,12 +33,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     wm.add_argument(
         "--jobs",
         type=types.positive_int,
-        help="builds at once (default: a quarter of the CPU cores, at most 16)",
+        help="builds at once (default: half the CPU cores, no more than the host's memory holds at 6 GiB each)",
     )
     wm.add_argument(
         "--gpus", type=types.gpus, help="spread the builds' processes over this host's GPUs: 'all' or a count"
     )
     wm.add_argument("--out", type=Path, help="JSON file: each build's status and seconds")
+    wm.add_argument(
+        "--build-times",
+        type=Path,
+        metavar="FILE",
+        help="an earlier warm's --out file: start the builds that took longest there first",
+    )
     wm.add_argument(
         "--import",
         dest="import_file",
@@ -120,5 +126,12 @@ def _warm(args: argparse.Namespace) -> int:
         config = swept_tp(config, shapes)
         options = config.options
     items, _skips = plan(config, registry, shapes)
-    warm(items, options, args.jobs or default_jobs(), tokens, args.out)
+    from dskbench.execution.warm import WarmError, read_build_times
+
+    try:
+        build_s = read_build_times(args.build_times) if args.build_times else None
+    except WarmError as e:
+        print(f"dskbench: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    warm(items, options, args.jobs or default_jobs(), tokens, args.out, build_s)
     return EXIT_OK
