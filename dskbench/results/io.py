@@ -254,11 +254,24 @@ def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
         yield rec
 
 
+def results_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The files given, a folder standing for the results files in it (`*.jsonl`, `*.jsonl.gz`, by name:
+    the parts of a sharded job, say)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith((".jsonl", ".jsonl.gz")))
+        else:
+            out.append(p)
+    return out
+
+
 def read_runs(paths: Iterable[str | Path]) -> list[Run]:
-    """Every run in the files, in order; results attach to the environment with their run_id."""
+    """Every run in the files (a folder: the results files in it), in order; results attach to the
+    environment with their run_id."""
     runs: dict[str, Run] = {}
     order: list[str] = []
-    for path in paths:
+    for path in results_files(paths):
         for rec in iter_records(path):
             rid = rec["run_id"]
             if rec["record"] == "environment":

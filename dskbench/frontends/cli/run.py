@@ -48,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="how cold mode flushes L2: zero_ a 2xL2 buffer (default) or read it (experiment)",
     )
     run.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="measure part K of N of the plan, cut by expected cost (one host of a job array; "
+        "report, compare and pick read the parts' folder)",
+    )
+    run.add_argument(
         "--no-batch",
         action="store_true",
         help="time every cold case alone with the event timer (default: cases are sampled in batches, "
@@ -224,6 +230,17 @@ def command(args: argparse.Namespace) -> int:
         if drift := drift_message():
             raise UsageError(drift)
     items, skips = plan(config, registry, shapes)
+    if args.shard:
+        from dskbench.device.info import DeviceInfo
+        from dskbench.execution.job_shard import ShardSpecError, parse_shard, take_part
+        from dskbench.execution.shard import sweep_cost
+
+        try:
+            k, n = parse_shard(args.shard)
+        except ShardSpecError as e:
+            print(f"dskbench: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        items, skips = take_part(items, skips, k, n, sweep_cost(items, opts, DeviceInfo.detect(device)))
     out = args.out or paths.RESULTS_DIR / f"run-{device}-{common.stamp()}.jsonl"
     from dskbench.results.io import ResultsError
 
