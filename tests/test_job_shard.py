@@ -51,17 +51,24 @@ def test_the_parts_cover_the_plan_once_and_every_host_cuts_it_alike(n):
         assert max(loads) - min(loads) <= 9.0 * 2  # a heavy kernel split per case: parts stay even
 
 
-def test_run_measures_only_its_part(capsys):
+def test_run_measures_only_its_part(capsys, monkeypatch):
+    from dskbench.frontends import cli
+    from dskbench.frontends.cli import common
+    from dskbench.shapes.cases import default_shapes
+    from tests.fake_adapters import registry_entry
+
+    registry = {k: registry_entry(k) for k in cli_with_fakes.FAKES}
+    monkeypatch.setattr(common, "registry_and_shapes", lambda: (registry, default_shapes()))
     args = ["run", "--device", "cpu", "--kernel", "fake_ok", "--kernel", "fake_wrong", "--dry-run"]
-    assert cli_with_fakes.main(args) == 0
+    assert cli.main(args) == 0
     whole = capsys.readouterr().out
     total = int(whole.strip().splitlines()[-1].split()[0])
     counts = []
     for k in (1, 2):
-        assert cli_with_fakes.main([*args, "--shard", f"{k}/2"]) == 0
+        assert cli.main([*args, "--shard", f"{k}/2"]) == 0
         counts.append(int(capsys.readouterr().out.strip().splitlines()[-1].split()[0]))
     assert sum(counts) == total and all(counts)
-    assert cli_with_fakes.main([*args, "--shard", "3/2"]) == 2
+    assert cli.main([*args, "--shard", "3/2"]) == 2
     assert capsys.readouterr().err.strip() == "dskbench: --shard '3/2': K must be between 1 and N (N >= 1)"
 
 
