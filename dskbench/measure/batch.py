@@ -136,7 +136,7 @@ def _capture(launch: Callable[[], Any], flush: Callable[[], None]) -> torch.cuda
     return g
 
 
-class _Case:
+class BatchCase:
     """One case of a batch: its graphs (one per input set), stopper and GPU time used so far."""
 
     def __init__(self, graphs: list[torch.cuda.CUDAGraph]) -> None:
@@ -195,10 +195,10 @@ def measure_batch(
                 f()
         torch.cuda.synchronize()
         t_capture = time.perf_counter()
-        cases: dict[int, _Case] = {}
+        cases: dict[int, BatchCase] = {}
         for i, fns in enumerate(entries):
             try:
-                cases[i] = _Case([_capture(f, flush) for f in fns])
+                cases[i] = BatchCase([_capture(f, flush) for f in fns])
             except Exception as e:  # noqa: BLE001 - timed alone by the caller
                 out[i] = f"graph capture failed: {type(e).__name__}: {e}"[:500]
         _estimate(cases)
@@ -210,7 +210,7 @@ def measure_batch(
         gap = gap_for(settings, METHOD, "cold")
         if gap is None and settings.launch_gap_us:
             notes.append(f"no launch gap calibrated for {METHOD}: samples not corrected")
-        _sample(cases, clocks, settings, notes, gap)
+        sample_rounds(cases, clocks, settings, notes, gap)
         t_done = time.perf_counter()
         torch.cuda.synchronize()
         clocks_after = nvml.read_clocks(index)
@@ -253,7 +253,7 @@ def measure_batch(
     return out
 
 
-def _early_note(c: _Case) -> list[str]:
+def _early_note(c: BatchCase) -> list[str]:
     if not c.early:
         return []
     return [
@@ -261,7 +261,7 @@ def _early_note(c: _Case) -> list[str]:
     ]
 
 
-def _estimate(cases: dict[int, _Case]) -> None:
+def _estimate(cases: dict[int, BatchCase]) -> None:
     """Upload every graph (its first replay) and time one replay of each with events."""
     for c in cases.values():
         for g in c.graphs:
@@ -276,8 +276,8 @@ def _estimate(cases: dict[int, _Case]) -> None:
         c.est_us = max(a.elapsed_time(b) * 1000.0, 1.0)
 
 
-def _sample(
-    cases: dict[int, _Case],
+def sample_rounds(
+    cases: dict[int, BatchCase],
     clocks: ClockReader,
     settings: MeasureSettings,
     notes: list[str],
