@@ -138,12 +138,12 @@ def test_steps_needs_an_output_folder():
     assert p.returncode == 2 and "give the output folder" in p.stderr
 
 
-def _plan(name: str, out: Path, **env: str) -> tuple[list[list[str]], list[str]]:
+def _plan(name: str, out: Path, *args: str, **env: str) -> tuple[list[list[str]], list[str]]:
     """The steps a plan would run (EVIDENCE_DRY_RUN=1): their commands as argument lists, and the lines."""
     env = {"EVIDENCE_DRY_RUN": "1", **env}
     os_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     p = subprocess.run(
-        ["bash", str(EVIDENCE / name), str(out)],
+        ["bash", str(EVIDENCE / name), str(out), *args],
         cwd=ROOT,
         env={**os_env, **env},
         capture_output=True,
@@ -215,3 +215,29 @@ def test_timers_plan_runs_the_subset_batched_per_case_and_batched_again(tmp_path
     assert [c[-1].rsplit("/", 1)[1] for c in runs] == ["batched-1.jsonl", "per-case.jsonl", "batched-2.jsonl"]
     assert ["--no-batch" in c for c in runs] == [False, True, False]
     assert all("[CUDA_VISIBLE_DEVICES=2]" in ln for ln in lines)
+
+
+def test_versions_plan_interleaves_the_two_releases(tmp_path):
+    """A, B, A, B: each step installs its release and runs the same dskbench command line (the options
+    given, or the quick sweep), into its own file; compare then takes two runs a side."""
+    from dskbench.frontends.cli import build_parser
+
+    for extra, want in ((["--kernel", "rmsnorm"], ["--kernel", "rmsnorm"]), ([], ["--quick"])):
+        cmds, lines = _plan(
+            "versions.sh", tmp_path / "o", "lib==1.0", "./lib-2.0.whl", *extra, EVIDENCE_GPUS="1"
+        )
+        names = [ln.split()[1] for ln in lines]
+        assert names == ["probe", "A-1", "B-1", "A-2", "B-2", "summaries"]
+        runs = [c for c in cmds if c[:2] == ["bash", "-c"] and "exec python3 -m dskbench run " in c[2]]
+        assert [c[4] for c in runs] == ["lib==1.0", "./lib-2.0.whl", "lib==1.0", "./lib-2.0.whl"]
+        for c in runs:
+            args = c[5:]
+            build_parser().parse_args(["run", *args])
+            assert args[: len(want)] == want and args[-1].endswith(".jsonl")
+        assert "compare" in cmds[-1][2] and " -- " in cmds[-1][2]
+        assert [a.rsplit("/", 1)[1] for a in cmds[-1][4:]] == [
+            "A-1.jsonl",
+            "A-2.jsonl",
+            "B-1.jsonl",
+            "B-2.jsonl",
+        ]

@@ -9,7 +9,7 @@
 #   per-case    the same with --no-batch (each cold case timed alone with CUDA events)
 #   batched-2   the batched run again: its own run-to-run spread
 #   summaries   dskbench stats of each file; dskbench compare and run-to-run of per-case vs batched-1 and
-#               of batched-1 vs batched-2 (CPU)
+#               of batched-1 vs batched-2 (CPU), in OUT/summaries.log
 #
 # Steps are resumable (steps.sh). Time limit per run: TIMERS_SECONDS (default 1200). The subset is the
 # one results/h100-2026-11-26 and results/h200-2026-11-27 measured.
@@ -32,10 +32,4 @@ step probe 120 bash -c 'nvidia-smi; nproc; python3 -m pip list 2>/dev/null | gre
 step batched-1 "${TIMERS_SECONDS:-1200}" python3 -m dskbench run "${subset[@]}" --resume --out "$out/batched-1.jsonl"
 step per-case "${TIMERS_SECONDS:-1200}" python3 -m dskbench run "${subset[@]}" --no-batch --resume --out "$out/per-case.jsonl"
 step batched-2 "${TIMERS_SECONDS:-1200}" python3 -m dskbench run "${subset[@]}" --resume --out "$out/batched-2.jsonl"
-step summaries 600 bash -c "
-    for f in batched-1 per-case batched-2; do python3 -m dskbench stats '$out/'\$f.jsonl; done
-    python3 -m dskbench compare '$out/per-case.jsonl' '$out/batched-1.jsonl'
-    python3 -m dskbench run-to-run '$out/per-case.jsonl' '$out/batched-1.jsonl'
-    python3 -m dskbench compare '$out/batched-1.jsonl' '$out/batched-2.jsonl'
-    python3 -m dskbench run-to-run '$out/batched-1.jsonl' '$out/batched-2.jsonl'
-" > "$out/summary.txt"
+step summaries 600 bash -c 'o="$1"; for f in batched-1 per-case batched-2; do python3 -m dskbench stats "$o/$f.jsonl"; done; python3 -m dskbench compare "$o/per-case.jsonl" "$o/batched-1.jsonl"; python3 -m dskbench run-to-run "$o/per-case.jsonl" "$o/batched-1.jsonl"; python3 -m dskbench compare "$o/batched-1.jsonl" "$o/batched-2.jsonl"; python3 -m dskbench run-to-run "$o/batched-1.jsonl" "$o/batched-2.jsonl"' _ "$out"
