@@ -17,18 +17,15 @@ from typing import Any
 from dskbench.device.info import DeviceInfo
 from dskbench.execution.case import (
     Prepared,
+    as_dict,
     error_fields,
     is_poisoning,
     measure_settings,
     measured_fields,
     time_prepared,
+    with_item_time,
 )
 from dskbench.execution.items import SweepOptions, WorkItem
-
-
-def _as_dict(m: Any) -> dict[str, Any]:
-    return m.to_dict() if hasattr(m, "to_dict") else dict(m)
-
 
 BATCH_CASES = 48  # cases timed together at most
 MEMORY_SHARE = 0.35  # hold cases while the allocator holds less than this share of the GPU
@@ -119,7 +116,7 @@ class Batcher:
         from dskbench.measure.validity import problem
 
         for h, m in zip(held, got, strict=True):
-            if not isinstance(m, str) and (why := problem(_as_dict(m))):  # timed again, alone
+            if not isinstance(m, str) and (why := problem(as_dict(m))):  # timed again, alone
                 m = f"the batch's measurement was impossible ({why})"
             t_case = time.perf_counter()
             try:
@@ -139,13 +136,3 @@ class Batcher:
             own = h.prep_s + (time.perf_counter() - t_case) + (0.0 if isinstance(m, str) else share)
             emit(h.item, with_item_time(fields, own))
         del held, got
-
-
-def with_item_time(fields: dict[str, Any], item_s: float) -> dict[str, Any]:
-    """The item's own wall time in its stages: its preparation, its share of the batch, its record."""
-    from dskbench.results.records import Stages
-
-    if isinstance(fields.get("stages"), dict):
-        stages = Stages.from_json({**fields["stages"], "item_s": round(item_s, 4)})
-        fields["stages"] = stages.with_other().to_json()
-    return fields

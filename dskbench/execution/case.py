@@ -158,7 +158,7 @@ def time_prepared(
     t0 = time.perf_counter()
 
     def measure_once() -> dict[str, Any]:
-        return _as_dict(
+        return as_dict(
             core.measure(
                 launchers,
                 device=prep.device,
@@ -186,7 +186,7 @@ def measured_fields(
     reason the measurement is impossible (the record is then `unstable`)."""
     from dskbench import measure as core
 
-    measured = _as_dict(m)
+    measured = as_dict(m)
     base["stages"].update(measured.pop("stage_s", None) or {})
     if not _has_samples(measured):
         return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
@@ -282,7 +282,8 @@ def _sync(dev: str) -> None:
         torch.cuda.synchronize()
 
 
-def _as_dict(m: Any) -> dict[str, Any]:
+def as_dict(m: Any) -> dict[str, Any]:
+    """A Measurement (or anything timed) as the plain dict a record is built from."""
     if dataclasses.is_dataclass(m):
         return dataclasses.asdict(m)
     if hasattr(m, "to_json"):
@@ -336,8 +337,13 @@ def run_one(
             except Exception as later:  # noqa: BLE001 - the context broke while cleaning up
                 fields = error_fields(item, later)
         return fields
-    if isinstance(fields.get("stages"), dict):  # the whole item, set-up and clean-up included
-        stages = Stages.from_json({**fields["stages"], "item_s": round(time.perf_counter() - t0, 4)})
+    return with_item_time(fields, time.perf_counter() - t0)  # the whole item, set-up and clean-up included
+
+
+def with_item_time(fields: dict[str, Any], item_s: float) -> dict[str, Any]:
+    """The record fields with the item's own wall time, and what no stage accounts for."""
+    if isinstance(fields.get("stages"), dict):
+        stages = Stages.from_json({**fields["stages"], "item_s": round(item_s, 4)})
         fields["stages"] = stages.with_other().to_json()
     return fields
 

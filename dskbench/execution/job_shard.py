@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dskbench.execution.items import WorkItem
-from dskbench.execution.shard import assign, make_units
+from dskbench.execution.shard import shard_items
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -43,6 +43,5 @@ def take_part(
     cost: Callable[[WorkItem], float],
 ) -> tuple[list[WorkItem], list[dict[str, Any]]]:
     """Part k (1-based) of n of a plan: its items in plan order, and the planning skips if k is 1."""
-    parts = assign(make_units(items, cost, n), n)
-    mine = sorted((it for u in parts[k - 1] for it in u.items), key=lambda it: it.index)
-    return mine, list(skips) if k == 1 else []
+    parts, _loads = shard_items(items, n, cost)
+    return parts[k - 1], list(skips) if k == 1 else []

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dskbench.device.procs import processes
 from dskbench.execution.items import WorkItem
 from dskbench.execution.limits import CASE_TIMED_OUT, CaseLimits
 
@@ -73,24 +74,8 @@ def death_reason(code: int | None, stderr: str, who: str = "worker process") -> 
 
 
 def _live_processes(proc_dir: str) -> list[tuple[int, list[str]]]:
-    """(pid, the stat fields after the command name: state, ppid, pgrp, ...) of every live process.
-    (Linux: no /proc, none.)"""
-    try:
-        names = os.listdir(proc_dir)
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"{proc_dir}/{name}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] not in ("Z", "X"):
-            out.append((int(name), fields))
-    return out
+    """(pid, the stat fields after the command name: state, ppid, pgrp, ...) of every live process."""
+    return [(p.pid, p.fields) for p in processes(proc_dir) if p.live]
 
 
 def compiling(pgids: int | Iterable[int], proc_dir: str = "/proc") -> bool:

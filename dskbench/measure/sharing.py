@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dskbench.device.procs import processes
 from dskbench.measure import nvml
 
 MPS_SERVER = "nvidia-cuda-mps-server"
@@ -139,21 +140,7 @@ def _mps_server_running(proc_dir: str) -> bool:
 
 def _processes(proc_dir: str) -> list[tuple[int, int, str]]:
     """(pid, ppid, command name) of every process in this PID namespace; none without /proc."""
-    try:
-        names = os.listdir(proc_dir)
-    except OSError:
-        return []
-    out = []
-    for n in names:
-        if not n.isdigit():
-            continue
-        try:
-            with open(f"{proc_dir}/{n}/stat") as fh:
-                head, _, tail = fh.read().rpartition(")")
-            out.append((int(n), int(tail.split()[1]), head.partition("(")[2]))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
+    return [(p.pid, p.ppid, p.name) for p in processes(proc_dir)]
 
 
 def run_pids(proc_dir: str = "/proc", environ: Mapping[str, str] | None = None) -> set[int]:

@@ -20,9 +20,10 @@ import json
 import os
 import tarfile
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from dskbench.setup.stack import installed
 
 MANIFEST = "dskbench-jit-cache.json"
 STACK = ("torch", "triton", "flashinfer-python", "sglang-kernel", "sglang", "apache-tvm-ffi")
@@ -55,13 +56,8 @@ def is_fresh(dirs: Mapping[str, Path] | None = None) -> bool:
 
 
 def stack_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in STACK:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    """The versions of the stack the builds depend on (None: not installed)."""
+    return installed(STACK)
 
 
 def gpu_arch() -> str | None:
