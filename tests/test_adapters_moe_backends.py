@@ -30,7 +30,7 @@ from tests.test_adapters_moe import (
 # -- traffic ---------------------------------------------------------------------------------------------
 
 
-def test_traffic_matches_catalogue():
+def test_traffic_is_the_minimum_traffic():
     fused = get_adapter("fused_moe_kernel")
     up, down = (
         fused.traffic(moe_case("fused_moe_kernel", 1, "gate_up.bf16")),

@@ -227,7 +227,7 @@ def test_comm_watchdog_records_a_hang_and_ends_the_ranks(tmp_path):
 
 
 def test_comm_eight_gloo_ranks_run_the_tp8_path(tmp_path):
-    """TP=8 (issue 8: no 8-GPU machine is lent) through the same code with 8 CPU ranks: the plan,
+    """TP=8 without an 8-GPU machine: the same code with 8 CPU ranks: the plan,
     the rank agreement, NCCL's stand-in all-reduce checked on every rank, and the bus-bandwidth
     factor 2(n-1)/n with n = 8."""
     out = tmp_path / "comm8.jsonl"

@@ -25,7 +25,7 @@ TEXT_ROOTS = (
     "README.md",
 )
 # Built from parts, so that this file does not match itself.
-UNSHIPPED = ("catalogue " + "§", "METHOD" + ".md", "/root" + "/out")
+UNSHIPPED = ("catalog" + "ue §", "METHOD" + ".md", "/root" + "/out")
 GATHERING_PATHS = ("/root" + "/out", "/work" + "/")
 
 
