@@ -44,6 +44,18 @@ def test_default_jobs_is_half_the_cores_within_memory():
     assert warm.default_jobs(16, 2 * gib) == 1
 
 
+def test_cores_are_those_this_process_may_run_on(monkeypatch):
+    """A job queue or taskset that grants 4 cores of a 64-core host: warm sizes its jobs by the 4."""
+    import os
+
+    from dskbench.device import info
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert info.usable_cores() == 4
+    assert warm.default_jobs(None, 512 * 2**30) == 2
+
+
 def test_the_longest_builds_of_an_earlier_warm_start_first(tmp_path):
     groups = [[_item(0, "short", 1, "a")], [_item(1, "marlin", 1, "a")], [_item(2, "new", 1, "a")]]
     (tmp_path / "w.json").write_text(

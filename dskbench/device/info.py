@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity set where the OS keeps one (a job queue or
+    `taskset` that grants 16 cores of a 64-core host gives 16), else every core the OS counts."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

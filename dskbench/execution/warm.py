@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dskbench.device.info import DeviceInfo
+from dskbench.device.info import DeviceInfo, usable_cores
 from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.sweep import case_limits, worker_plan
@@ -37,10 +37,10 @@ PER_SHAPE_KINDS = ("triton", "cutedsl")
 
 
 def default_jobs(cpus: int | None = None, memory_bytes: int | None = None) -> int:
-    """Half the cores (a build runs several compiler threads, but most builds are short and one long
+    """Half the usable cores (a build runs several compiler threads, but most builds are short and one long
     one, such as Marlin's, leaves the rest idle), and no more than the host's memory holds at
     GIB_PER_JOB each; at least 1."""
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cores()
     memory_bytes = memory_bytes if memory_bytes is not None else host_memory()
     by_memory = memory_bytes // (GIB_PER_JOB * 2**30) if memory_bytes else cpus
     return max(1, min(cpus // 2, by_memory))

@@ -116,7 +116,9 @@ def device_block(device: DeviceInfo) -> dict[str, Any]:
     if device.kind != "cuda":
         block["name"] = f"CPU {socket.gethostname()}"  # CPU timings of two hosts never share a series
         block["cpu"] = platform.processor() or platform.machine()
-        block["cores"] = os.cpu_count()
+        from dskbench.device.info import usable_cores
+
+        block["cores"] = usable_cores()
         return block
     import torch
 

@@ -123,9 +123,10 @@ def gpu_names(run: Any = subprocess.run) -> list[str]:
 def box_facts() -> dict[str, object]:
     """Whether the JIT caches were empty when the main job began (a fresh box compiles everything), its
     GPUs and its CPU cores: what its times depend on."""
+    from dskbench.device.info import usable_cores
     from dskbench.setup.jit_cache import is_fresh
 
-    return {"fresh": is_fresh(), "gpus": gpu_names(), "cores": os.cpu_count()}
+    return {"fresh": is_fresh(), "gpus": gpu_names(), "cores": usable_cores()}
 
 
 def times_line(seconds: dict[str, int], status: int) -> str:
