@@ -217,6 +217,31 @@ def test_timers_plan_runs_the_subset_batched_per_case_and_batched_again(tmp_path
     assert all("[CUDA_VISIBLE_DEVICES=2]" in ln for ln in lines)
 
 
+def test_shared_gpu_plan_refuses_then_runs_beside_then_waits(tmp_path):
+    """Beside a busy process: the same run with --exclusive (to be refused), without (to be flagged), and
+    with --wait-exclusive outlasting the busy process; each a valid dskbench command line."""
+    from dskbench.frontends.cli import build_parser
+
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    p = subprocess.run(
+        ["bash", str(EVIDENCE / "shared_gpu.sh"), str(tmp_path / "o")],
+        cwd=ROOT,
+        env={**env, "EVIDENCE_DRY_RUN": "1", "BUSY_SECONDS": "100"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    runs = {ln.split(":")[0].split()[1]: shlex.split(ln.split(": ", 1)[1]) for ln in p.stdout.splitlines()}
+    assert list(runs) == ["exclusive", "beside", "waited"]
+    for cmd in runs.values():
+        assert cmd[:4] == ["python3", "-m", "dskbench", "run"]
+        build_parser().parse_args(cmd[3:])
+    assert "--exclusive" in runs["exclusive"] and "--exclusive" not in runs["beside"]
+    waited = runs["waited"]
+    assert int(waited[waited.index("--wait-exclusive") + 1]) > 100  # outlasts the busy process
+
+
 def test_versions_plan_interleaves_the_two_releases(tmp_path):
     """A, B, A, B: each step installs its release and runs the same dskbench command line (the options
     given, or the quick sweep), into its own file; compare then takes two runs a side."""

@@ -14,7 +14,7 @@
 #   summary     per results file: the environment record's finding and how many results are flagged
 #
 # Each command's output is in OUT/NAME.log, its exit code in OUT/NAME.rc. One GPU: the first of
-# CUDA_VISIBLE_DEVICES, else GPU 0.
+# CUDA_VISIBLE_DEVICES, else GPU 0. EVIDENCE_DRY_RUN=1 prints the three dskbench runs instead (nothing runs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ $# -ne 1 ]; then
@@ -27,6 +27,12 @@ export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
 CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES%%,*}"
 busy_s="${BUSY_SECONDS:-150}"
 subset=(--kernel rmsnorm --quick --seed 7)
+if [ "${EVIDENCE_DRY_RUN:-0}" = 1 ]; then
+    echo "run exclusive: python3 -m dskbench run ${subset[*]} --exclusive --out $out/exclusive.jsonl"
+    echo "run beside: python3 -m dskbench run ${subset[*]} --out $out/beside.jsonl"
+    echo "run waited: python3 -m dskbench run ${subset[*]} --wait-exclusive $((busy_s + 120)) --out $out/waited.jsonl"
+    exit 0
+fi
 
 python3 - "$busy_s" >"$out/busy.log" 2>&1 <<'EOF' &
 import sys, time
