@@ -253,10 +253,14 @@ def test_versions_plan_interleaves_the_two_releases(tmp_path):
         )
         names = [ln.split()[1] for ln in lines]
         assert names == ["probe", "A-1", "B-1", "A-2", "B-2", "summaries"]
-        runs = [c for c in cmds if c[:2] == ["bash", "-c"] and "exec python3 -m dskbench run " in c[2]]
-        assert [c[4] for c in runs] == ["lib==1.0", "./lib-2.0.whl", "lib==1.0", "./lib-2.0.whl"]
+        runs = [c for c in cmds if c[0] == "env" and "exec python3 -m dskbench run " in c[4]]
+        assert [c[6] for c in runs] == ["lib==1.0", "./lib-2.0.whl", "lib==1.0", "./lib-2.0.whl"]
+        # each side its own FlashInfer JIT cache, the install through install_spec.sh
+        assert [c[1].rsplit("/", 1)[1] for c in runs] == [f"jit-{s}" for s in "ABAB"]
+        assert all(c[1].startswith("FLASHINFER_WORKSPACE_BASE=") for c in runs)
+        assert all(c[4].startswith("bash scripts/evidence/install_spec.sh ") for c in runs)
         for c in runs:
-            args = c[5:]
+            args = c[7:]
             build_parser().parse_args(["run", *args])
             assert args[: len(want)] == want and args[-1].endswith(".jsonl")
         assert "compare" in cmds[-1][2] and " -- " in cmds[-1][2]
@@ -266,3 +270,72 @@ def test_versions_plan_interleaves_the_two_releases(tmp_path):
             "B-1.jsonl",
             "B-2.jsonl",
         ]
+
+
+def _wheel(folder: Path, version: str) -> Path:
+    """A wheel of the project `demo-lib` (module demo_lib) at `version`, made here."""
+    import base64
+    import hashlib
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"demo_lib-{version}-py3-none-any.whl"
+    info = f"demo_lib-{version}.dist-info"
+    files = {
+        "demo_lib/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: demo-lib\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        rows.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*rows, f"{info}/RECORD,,"]) + "\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def _install(spec: str, tmp_path: Path, pythonpath: str, **env: str) -> subprocess.CompletedProcess:
+    import sys
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    if not (bindir / "python3").exists():
+        (bindir / "python3").symlink_to(sys.executable)  # the python3 the script runs: this one, with pip
+    os_env = {k: v for k, v in os.environ.items() if not k.startswith(("VERSIONS_", "PIP_"))}
+    env = {**os_env, "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONPATH": pythonpath, **env}
+    cmd = ["bash", str(EVIDENCE / "install_spec.sh"), spec]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_install_spec_installs_into_the_target_python_imports_from_and_checks_it(tmp_path):
+    """VERSIONS_PIP_TARGET: each SPEC goes into the folder on PYTHONPATH, the old version's metadata
+    removed, and the step says which version python3 then finds; it fails when that is not the one asked
+    for, or when the folder is not where python3 imports the module from."""
+    pytest.importorskip("pip")
+    w1, w2 = _wheel(tmp_path / "w1", "1.0"), _wheel(tmp_path / "w2", "2.0.post1")
+    site = tmp_path / "site"
+    env = {"VERSIONS_PIP_TARGET": str(site), "VERSIONS_PIP_ARGS": "--no-index --no-cache-dir"}
+    p = _install(str(w1), tmp_path, str(site), **env)
+    assert p.returncode == 0, p.stderr
+    assert f"demo-lib 1.0 in {site.resolve()} (demo_lib from {site.resolve()}/demo_lib" in p.stdout
+    # B as a folder of wheels; then A again, as a space-separated list
+    for spec, want in ((str(w2.parent), "2.0.post1"), (f"{w1} ", "1.0")):
+        p = _install(spec, tmp_path, str(site), **env)
+        assert p.returncode == 0, p.stderr
+        assert f"demo-lib {want} in " in p.stdout
+        assert [d.name for d in site.glob("*.dist-info")] == [f"demo_lib-{want}.dist-info"]
+        assert (site / "demo_lib" / "__init__.py").read_text() == f"__version__ = {want!r}\n"
+    # the target is not on PYTHONPATH, where another copy is: python3 would import that one
+    shadow = tmp_path / "shadow"
+    assert _install(str(w2), tmp_path, str(site), VERSIONS_PIP_TARGET=str(shadow)).returncode == 1
+    p = _install(str(w1), tmp_path, f"{site}:{shadow}", VERSIONS_PIP_TARGET=str(shadow))
+    assert p.returncode == 1
+    assert f"python3 finds 1.0 in {site.resolve()}, not in {shadow.resolve()}" in p.stderr
+    # NAME==VERSION that pip cannot find fails the step; an empty folder is a usage error
+    assert _install("demo-lib==3.0", tmp_path, str(site), **env).returncode == 1
+    (tmp_path / "empty").mkdir()
+    p = _install(str(tmp_path / "empty"), tmp_path, str(site), **env)
+    assert p.returncode == 2 and "no *.whl in" in p.stderr
