@@ -49,6 +49,7 @@ def test_the_default_is_todays_rule_with_todays_numbers():
         "max_samples": 10_000,
         "min_time_s": 0.03,
         "max_time_s": 1.5,
+        "band_noise": [[100.0, 0.02]],
     }
 
 
@@ -59,6 +60,28 @@ def test_a_spread_out_kernel_converges_on_the_median_but_not_on_its_cv():
     assert not stdrel.converged and stdrel.elapsed() >= 1.0
     tight = _run("stdrel", sigma=0.5)  # CV 0.5%: converged at the first evaluation
     assert tight.converged and len(tight.samples) == 20
+
+
+def _run_at(median_us: float, **kw) -> Stopper:
+    """Samples spread 10% around `median_us` (a CV the 1% interval needs hundreds of samples for)."""
+    clock, rng = Clock(), random.Random(1)
+    budget = dict(target_noise=0.01, min_samples=20, max_samples=100_000, min_time_s=0.0, max_time_s=100.0)
+    st = stopper_for("median-ci", now=clock, **{**budget, **kw})
+    while not st.add([rng.gauss(median_us, 0.10 * median_us) for _ in range(10)]):
+        clock.t += 0.01
+    return st
+
+
+def test_a_long_kernel_stops_at_its_bands_looser_target_a_short_one_does_not():
+    bands = ((100.0, 0.02),)
+    long_loose, long_tight = _run_at(2000.0, band_noise=bands), _run_at(2000.0)
+    assert long_loose.converged and long_tight.converged
+    assert long_loose.noise <= 0.02 < long_tight.noise * 2.5  # stopped at 2%, the other went on to 1%
+    assert len(long_tight.samples) > 2.5 * len(long_loose.samples)  # the noise law: about 4x the samples
+    short = _run_at(50.0, band_noise=bands)  # under 100 us: the 1% target holds
+    assert short.noise <= 0.01 and len(short.samples) > 2.5 * len(long_loose.samples)
+    assert long_loose.describe()["band_noise"] == [[100.0, 0.02]]
+    assert "band_noise" not in long_tight.describe()
 
 
 def test_fixed_takes_exactly_n_samples_whatever_their_spread():

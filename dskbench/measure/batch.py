@@ -165,7 +165,7 @@ class BatchCase:
         n = len(st.samples)
         if n == 0:
             return st.min_samples
-        ratio = st.noise / st.target_noise if math.isfinite(st.noise) else 2.0
+        ratio = st.noise / st.target() if math.isfinite(st.noise) else 2.0
         want = math.ceil(n * max(ratio**2 * GROWTH, 1.1)) - n
         return max(8, min(want, max_samples - n, 4 * n))
 

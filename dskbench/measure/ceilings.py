@@ -27,7 +27,7 @@ MM_SIZE = 8192
 
 
 def _settings(settings: MeasureSettings | None) -> MeasureSettings:
-    return settings or MeasureSettings(target_noise=0.005, min_time_s=0.2, max_time_s=1.0)
+    return settings or MeasureSettings(target_noise=0.005, min_time_s=0.2, max_time_s=1.0, band_noise=())
 
 
 def _summary(m: Any) -> dict[str, Any]:

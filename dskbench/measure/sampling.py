@@ -109,6 +109,7 @@ def make_stopper(settings: MeasureSettings, now: Callable[[], float] = time.perf
         max_samples=settings.max_samples,
         min_time_s=settings.min_time_s,
         max_time_s=settings.max_time_s,
+        band_noise=settings.band_noise,
         now=now,
     )
 

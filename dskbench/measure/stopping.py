@@ -13,6 +13,12 @@ what "converged" means:
   to its budget.
 * ``fixed``: exactly ``n`` samples (MeasureSettings.min_samples), whatever their spread; only the hard
   stop ends it sooner.
+
+``band_noise`` loosens the noise target by latency band: pairs (from_us, max_noise) say that once the
+samples' median is at least from_us, a noise of max_noise is enough. A kernel's verdicts in `compare` are
+bounded by its run-to-run floor, not by the interval of one run; where that floor is several percent (long
+kernels), sampling to 1% only costs time: for a 2 ms GEMM the 1% interval takes about four times the
+samples of a 2% one.
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ class Stopper:
         max_samples: int,
         min_time_s: float,
         max_time_s: float,
+        band_noise: Sequence[tuple[float, float]] = (),
         now: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.target_noise = target_noise
+        self.band_noise = tuple(sorted((float(lo), float(noise)) for lo, noise in band_noise))
+        self.median_us = math.nan
         self.min_samples = max(1, min_samples)
         self.max_samples = max(self.min_samples, max_samples)
         self.min_time_s = min_time_s
@@ -62,13 +71,31 @@ class Stopper:
 
     def params(self) -> dict[str, Any]:
         """The policy's parameters, as recorded with each result."""
-        return {
+        out: dict[str, Any] = {
             "max_noise": self.target_noise,
             "min_samples": self.min_samples,
             "max_samples": self.max_samples,
             "min_time_s": self.min_time_s,
             "max_time_s": self.max_time_s,
         }
+        if self.band_noise:
+            out["band_noise"] = [list(b) for b in self.band_noise]
+        return out
+
+    def target(self) -> float:
+        """The noise that stops sampling now: target_noise, loosened by band_noise for the median seen
+        at the last evaluation."""
+        t = self.target_noise
+        for lo, noise in self.band_noise:
+            if self.median_us >= lo:
+                t = max(t, noise)
+        return t
+
+    def _evaluate(self) -> None:
+        self.noise = self.measure_noise(self.samples)
+        if self.band_noise:
+            ordered = sorted(self.samples)
+            self.median_us = ordered[len(ordered) // 2]
 
     def describe(self) -> dict[str, Any]:
         """{"name": ..., <params>}: what a result records of how its sampling was stopped."""
@@ -89,17 +116,17 @@ class Stopper:
         n = len(self.samples)
         elapsed = self.elapsed()
         if n >= self._next_eval:
-            self.noise = self.measure_noise(self.samples)
+            self._evaluate()
             self._next_eval = max(n + 1, math.ceil(n * 1.1))
-        if n >= self.min_samples and elapsed >= self.min_time_s and self.noise <= self.target_noise:
+        if n >= self.min_samples and elapsed >= self.min_time_s and self.noise <= self.target():
             self.converged = self.stopped = True
         elif (
             (elapsed >= self.max_time_s and n >= self.floor)
             or n >= self.max_samples
             or elapsed >= self.hard_stop_s
         ):
-            self.noise = self.measure_noise(self.samples)
-            self.converged = n >= self.min_samples and self.noise <= self.target_noise
+            self._evaluate()
+            self.converged = n >= self.min_samples and self.noise <= self.target()
             self.stopped = True
         return self.stopped
 
@@ -146,6 +173,7 @@ def stopper_for(
     max_samples: int,
     min_time_s: float,
     max_time_s: float,
+    band_noise: Sequence[tuple[float, float]] = (),
     now: Callable[[], float] = time.perf_counter,
 ) -> Stopper:
     """A fresh stopper of the policy `name` (one of POLICIES)."""
@@ -157,5 +185,6 @@ def stopper_for(
         max_samples=max_samples,
         min_time_s=min_time_s,
         max_time_s=max_time_s,
+        band_noise=band_noise,
         now=now,
     )
