@@ -187,10 +187,12 @@ def test_list_shows_the_models_column_and_filters_by_model():
         "fast_topk_transform_fused",
         "fast_topk_transform_ragged_fused",
         "fast_topk_v2",
+        "flash_mla_sparse_fwd",
+        "flash_mla_with_kvcache",  # dense at attn_mqa (R1 and V3.2), sparse at V3.2's sparse decode
         "hadamard_transform",
         "layernorm",
     }
-    assert out.splitlines()[-1] == "6 kernels, 6 with an adapter"
+    assert out.splitlines()[-1] == "8 kernels, 8 with an adapter"
     rc, out, _ = _main(["list", "--model", "deepseek-r1"])
     assert "rmsnorm" in out and "fast_topk_v2" not in out and "cutlass_moe_gemm" not in out
 
@@ -203,7 +205,10 @@ def test_list_json_carries_the_model_names():
     ]
     assert rows["cutlass_moe_gemm"]["models"] == []
     rc, out, _ = _main(["list", "--json", "--model", "deepseek-v3.2", "--status", "benchmark"])
-    assert rc == 0 and all(r["models"] == ["deepseek-v3.2"] for r in json.loads(out))
+    v32 = {r["kernel"]: r["models"] for r in json.loads(out)}
+    assert rc == 0 and all("deepseek-v3.2" in m for m in v32.values())
+    assert v32["fast_topk_v2"] == ["deepseek-v3.2"]
+    assert v32["flash_mla_with_kvcache"] == ["deepseek-r1", "deepseek-v3.2"]  # dense decode and sparse decode
 
 
 def test_a_kernel_of_both_models_reads_r1_v32():

@@ -1,0 +1,264 @@
+"""sgl-kernel's FlashMLA decode (`sgl_kernel.flash_mla.flash_mla_with_kvcache`), two ways:
+
+- dense (op attn_mqa, DeepSeek-V3/R1): SGLang's flashmla attention backend on Hopper. q [B, 1, Nh, 576]
+  bf16 against the bf16 latent cache seen as [pages, 64, 1, 576] (page size 64), a block table of 64-token
+  pages, cache_seqlens, head_dim_v 512, causal, the scheduler metadata of `get_mla_metadata(seq_lens,
+  Nh, 1)`. SGLang computes that metadata once per batch and reuses it in every layer, so the bind computes
+  it once and the launch times the attention kernel alone.
+- sparse (op nsa_backend.forward_decode, DeepSeek-V3.2): the dsa backend's `flashmla_kv` decode, the
+  Hopper default with an FP8 KV cache. Each request attends to the `topk` (2048) tokens its indexer chose,
+  given as token slots of the paged cache (`indices` [B, 1, topk], -1 where a request has fewer tokens).
+  The cache is FlashMLA's FP8 layout, 656 bytes a token: 512 e4m3 values of c_kv, 4 fp32 scales (one per
+  128 values), 64 bf16 k_pe values. q is zero-padded to 64 or 128 heads, as SGLang pads it.
+
+Both share the MLA decode inputs (mla_decode.py): one cache of scattered 128-token pages, seen here as
+64-token pages. The FlashMLA module preloads `sgl_kernel.flashmla_ops`, so an install without that
+extension resolves to "not available in this install".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dskbench.adapters import register
+from dskbench.adapters.attention.mla import case_softmax_scale
+from dskbench.adapters.attention.mla_decode import MlaDecode, sub_pages, token_slots
+from dskbench.adapters.backends import SM90_ONLY, Backend, Requirement
+from dskbench.adapters.base import Traffic
+from dskbench.adapters.common.inputs import generator
+from dskbench.shapes.cases import Case
+
+FLASHMLA_PAGE = 64  # SGLang's flashmla / dsa page size
+FLASHMLA_EXTENSION = "sgl_kernel.flashmla_ops"  # the compiled module sgl_kernel/flash_mla.py imports
+FP8_TILE = 128  # values of c_kv per fp32 scale in FlashMLA's FP8 cache
+FP8_MAX = 448.0
+SM90_OR_SM100 = Requirement(windows=((90, 90), (100, 103)))  # FlashMLA's sparse kernels: sm90 and sm100
+
+
+def fp8_row_bytes(lkv: int, rope: int) -> int:
+    """Bytes of one token in FlashMLA's FP8 cache: e4m3 c_kv, one fp32 scale per 128 values, bf16 k_pe."""
+    return lkv + 4 * (lkv // FP8_TILE) + 2 * rope
+
+
+def is_sparse(case: Case) -> bool:
+    return "topk" in case.dims
+
+
+def padded_heads(nh: int) -> int:
+    """Heads SGLang's flashmla_kv decode pads q to (flashmla_kv_num_q_heads)."""
+    return 64 if nh <= 64 else 128 if nh <= 128 else nh
+
+
+# -- FP8 cache ------------------------------------------------------------------------------------------
+
+
+def quantize_fp8_rows(rows: torch.Tensor, lkv: int) -> torch.Tensor:
+    """[n, lkv + rope] bf16 -> [n, 656] float8_e4m3fn bytes in FlashMLA's layout (sglang's quantize_k_cache:
+    scale = max|x| / 448 per 128-value tile, e4m3 = x / scale; k_pe kept in bf16)."""
+    n, d = rows.shape
+    tiles = lkv // FP8_TILE
+    out = torch.empty(n, fp8_row_bytes(lkv, d - lkv), dtype=torch.uint8, device=rows.device)
+    nope = rows[:, :lkv].float().view(n, tiles, FP8_TILE)
+    scale = nope.abs().amax(dim=-1).clamp_min(1e-30) / FP8_MAX  # [n, tiles]
+    q8 = (nope / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(n, lkv)
+    out[:, :lkv] = q8.view(torch.uint8)
+    out[:, lkv : lkv + 4 * tiles] = scale.contiguous().view(torch.uint8)
+    out[:, lkv + 4 * tiles :] = rows[:, lkv:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return out.view(torch.float8_e4m3fn)
+
+
+def dequantize_fp8_rows(cache: torch.Tensor, lkv: int) -> torch.Tensor:
+    """[n, 656] FlashMLA FP8 rows -> [n, lkv + rope] fp32 (what the kernel computes with)."""
+    b = cache.view(torch.uint8)
+    n = b.shape[0]
+    tiles = lkv // FP8_TILE
+    nope = b[:, :lkv].contiguous().view(torch.float8_e4m3fn).float().view(n, tiles, FP8_TILE)
+    scale = b[:, lkv : lkv + 4 * tiles].contiguous().view(torch.float32)
+    rope = b[:, lkv + 4 * tiles :].contiguous().view(torch.bfloat16).float()
+    return torch.cat([(nope * scale.unsqueeze(-1)).view(n, lkv), rope], dim=1)
+
+
+def sparse_indices(
+    page_table: torch.Tensor, seq_lens: torch.Tensor, topk: int, gen: torch.Generator
+) -> torch.Tensor:
+    """[B, 1, topk] int32 token slots: min(len, topk) distinct tokens of each request (random, as an
+    indexer's choice), -1 after them."""
+    b = seq_lens.numel()
+    out = torch.full((b, 1, topk), -1, dtype=torch.int32)
+    for i, n in enumerate(seq_lens.tolist()):
+        k = min(n, topk)
+        pos = torch.randperm(n, generator=gen)[:k]
+        out[i, 0, :k] = token_slots(page_table[i].cpu(), n)[pos].to(torch.int32)
+    return out.to(seq_lens.device)
+
+
+def sparse_reference(
+    q: torch.Tensor,
+    rows_fp32: Callable[[torch.Tensor], torch.Tensor],
+    indices: torch.Tensor,
+    scale: float,
+    dv: int,
+) -> torch.Tensor:
+    """softmax(q . rows^T * scale) @ rows[:, :dv] over each query's valid indices (>= 0), fp32.
+    q [N, H, 576], indices [N, topk] -> [N, H, dv]; `rows_fp32` maps slots to fp32 cache rows."""
+    n, h, _ = q.shape
+    out = torch.empty(n, h, dv, dtype=torch.float32, device=q.device)
+    for i in range(n):
+        idx = indices[i]
+        rows = rows_fp32(idx[idx >= 0].long())  # [k, 576]
+        p = torch.softmax((q[i].float() @ rows.t()) * scale, dim=-1)
+        out[i] = p @ rows[:, :dv]
+    return out
+
+
+# -- backends -------------------------------------------------------------------------------------------
+
+
+def _flash_mla_module(fn: Any) -> Any:
+    """The module `fn` came from (get_mla_metadata lives beside flash_mla_with_kvcache)."""
+    import importlib
+
+    return importlib.import_module(fn.__module__)
+
+
+def _bind_dense(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    """FlashMLABackend.forward_decode, bf16: metadata once, then one flash_mla_with_kvcache per launch."""
+    q, kv = inputs["q"], inputs["kv_cache"]
+    b, nh, dqk = q.shape
+    lkv = int(case.dims["Lkv"])
+    seq_lens = inputs["seq_lens"]
+    meta, splits = _flash_mla_module(fn).get_mla_metadata(seq_lens, nh, 1)
+    kw = {
+        "q": q.view(b, 1, nh, dqk),
+        "k_cache": kv.view(-1, FLASHMLA_PAGE, 1, dqk),
+        "block_table": sub_pages(inputs["page_table"], FLASHMLA_PAGE),
+        "cache_seqlens": seq_lens,
+        "head_dim_v": lkv,
+        "tile_scheduler_metadata": meta,
+        "num_splits": splits,
+        "softmax_scale": case_softmax_scale(case),
+        "causal": True,
+    }
+
+    def launch() -> torch.Tensor:
+        out, _ = fn(**kw)
+        return out.view(b, nh, lkv)
+
+    return launch
+
+
+def sparse_decode_args(inputs: dict[str, Any], case: Case) -> dict[str, Any]:
+    """flash_mla_with_kvcache's arguments in _forward_flashmla_kv (metadata excluded)."""
+    q, kv = inputs["q"], inputs["kv_cache"]
+    b, nh, dqk = q.shape
+    heads = padded_heads(nh)
+    qp = q.new_zeros(b, 1, heads, dqk)
+    qp[:, 0, :nh] = q
+    return {
+        "q": qp,
+        "k_cache": kv.view(-1, FLASHMLA_PAGE, 1, kv.shape[-1]),
+        "block_table": torch.empty(b, 0, dtype=torch.int32, device=q.device),
+        "cache_seqlens": inputs["cache_seqlens"],
+        "head_dim_v": int(case.dims["Lkv"]),
+        "softmax_scale": case_softmax_scale(case),
+        "indices": inputs["indices"],
+        "is_fp8_kvcache": True,
+    }
+
+
+def _bind_sparse(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    kw = sparse_decode_args(inputs, case)
+    b, nh, _ = inputs["q"].shape
+    heads, topk = kw["q"].shape[2], int(case.dims["topk"])
+    meta, splits = _flash_mla_module(fn).get_mla_metadata(
+        cache_seqlens=kw["cache_seqlens"],
+        num_q_tokens_per_head_k=heads,
+        num_heads_k=1,
+        num_heads_q=heads,
+        is_fp8_kvcache=True,
+        topk=topk,
+    )
+
+    def launch() -> torch.Tensor:
+        out, _ = fn(tile_scheduler_metadata=meta, num_splits=splits, **kw)
+        return out[:, 0, :nh]
+
+    return launch
+
+
+def _bind(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    return (_bind_sparse if is_sparse(case) else _bind_dense)(fn, inputs, case)
+
+
+@register
+class FlashMlaWithKvcache(MlaDecode):
+    kernel = "flash_mla_with_kvcache"
+    description = (
+        "FlashMLA decode (sgl_kernel.flash_mla): dense bf16, page 64, as SGLang's flashmla backend runs "
+        "DeepSeek-V3/R1; sparse FP8-KV at index_topk, as the dsa backend's flashmla_kv runs DeepSeek-V3.2"
+    )
+    backends = [
+        Backend(
+            "sgl_kernel",
+            "sgl_kernel.flash_mla:flash_mla_with_kvcache",
+            None,
+            "aot",
+            _bind,
+            requires=SM90_ONLY,
+            preload=(FLASHMLA_EXTENSION,),
+            label="dense: bf16 q/KV, page 64, causal; sparse: FP8 KV (656 B/token), indices [B, 1, topk]; "
+            "get_mla_metadata once per input set (untimed, as SGLang shares it across layers)",
+        )
+    ]
+
+    def skip_reason(self, case: Case) -> str | None:
+        if is_sparse(case) and int(case.dims["Nh"]) > 128:
+            return f"FlashMLA sparse decode pads q to 64 or 128 heads; {case.dims['Nh']} heads"
+        return super().skip_reason(case)
+
+    def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
+        inputs = super().make_inputs(case, device, seed)
+        if not is_sparse(case):
+            return inputs
+        d = case.dims
+        lkv, topk = int(d["Lkv"]), int(d["topk"])
+        bf16 = inputs.pop("kv_cache")
+        chunk = 1 << 20  # quantise a million tokens at a time (the bf16 cache is freed after)
+        fp8 = torch.empty(
+            bf16.shape[0], fp8_row_bytes(lkv, int(d["Dr"])), dtype=torch.float8_e4m3fn, device=device
+        )
+        for s in range(0, bf16.shape[0], chunk):
+            fp8[s : s + chunk] = quantize_fp8_rows(bf16[s : s + chunk], lkv)
+        del bf16
+        gen = generator(seed + 1)
+        inputs["kv_cache"] = fp8
+        inputs["indices"] = sparse_indices(inputs["page_table"], inputs["seq_lens"], topk, gen)
+        inputs["cache_seqlens"] = inputs["seq_lens"].clamp(max=topk)  # compute_dsa_seqlens
+        return inputs
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
+        if not is_sparse(case):
+            return super().reference(inputs, case)
+        lkv = int(case.dims["Lkv"])
+        cache = inputs["kv_cache"]
+        return sparse_reference(
+            inputs["q"],
+            lambda idx: dequantize_fp8_rows(cache[idx], lkv),
+            inputs["indices"][:, 0],
+            case_softmax_scale(case),
+            lkv,
+        )
+
+    def traffic(self, case: Case) -> Traffic:
+        if not is_sparse(case):
+            return super().traffic(case)
+        d = case.dims
+        b, nh, kv_len, lkv, dr = int(d["B"]), int(d["Nh"]), int(d["kv_len"]), int(d["Lkv"]), int(d["Dr"])
+        k = min(kv_len, int(d["topk"]))
+        dqk = lkv + dr
+        byts = b * k * (fp8_row_bytes(lkv, dr) + 4) + b * nh * (dqk + lkv) * 2 + 4 * b
+        flops = b * 2 * nh * k * (dqk + lkv)
+        return Traffic(byts, flops, "gathered FP8 KV rows (656 B) + their int32 indices + q + out")

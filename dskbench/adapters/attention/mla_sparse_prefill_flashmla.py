@@ -1,0 +1,136 @@
+"""sgl-kernel's FlashMLA sparse prefill (`sgl_kernel.flash_mla.flash_mla_sparse_fwd`), as DeepSeek-V3.2's dsa
+backend runs an extend with `flashmla_sparse` (the Hopper default prefill with a bf16 KV cache).
+
+T tokens of `reqs` equal requests (no cached prefix), absorbed MLA: q [T, Nh, 576] bf16, the latent cache
+kv [rows, 1, 576] bf16 (the requests' tokens at scattered slots), indices [T, 1, topk] int32: each token's
+min(position + 1, topk) indexer-chosen tokens of its own request, causal (random among positions <= its
+own), -1 after them. q is zero-padded to a multiple of 64 heads, as SGLang pads it on Hopper (128 on
+Blackwell); the output is trimmed back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dskbench.adapters import register
+from dskbench.adapters.attention.mla import case_softmax_scale
+from dskbench.adapters.attention.mla_decode_flashmla import (
+    FLASHMLA_EXTENSION,
+    SM90_OR_SM100,
+    sparse_reference,
+)
+from dskbench.adapters.backends import Backend
+from dskbench.adapters.base import Adapter, Traffic
+from dskbench.adapters.common.inputs import generator, randn
+from dskbench.shapes.cases import Case
+
+
+def prefill_layout(case: Case) -> tuple[int, int, int]:
+    """(tokens T, requests, tokens per request)."""
+    t, reqs = int(case.dims["T"]), int(case.dims["reqs"])
+    if t % reqs:
+        raise ValueError(f"{t} tokens do not split into {reqs} equal requests")
+    return t, reqs, t // reqs
+
+
+def prefill_indices(slots: torch.Tensor, reqs: int, topk: int, gen: torch.Generator) -> torch.Tensor:
+    """[T, 1, topk] int32: token i of a request keeps min(i + 1, topk) distinct slots among its request's
+    tokens 0..i (its own always included), -1 after them. `slots` [T] are the tokens' cache rows."""
+    t = slots.numel()
+    local = t // reqs
+    out = torch.full((t, 1, topk), -1, dtype=torch.int32)
+    for row in range(t):
+        r, i = divmod(row, local)
+        base = r * local
+        k = min(i + 1, topk)
+        if i + 1 <= topk:
+            pos = torch.arange(i + 1)
+        else:
+            pos = torch.cat([torch.tensor([i]), torch.randperm(i, generator=gen)[: k - 1]])
+        out[row, 0, :k] = slots[base + pos].to(torch.int32)
+    return out
+
+
+def padded_heads_prefill(nh: int, multiple: int = 64) -> int:
+    return -(-nh // multiple) * multiple
+
+
+def _bind_sparse_prefill(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
+    q = inputs["q"]
+    t, nh, dqk = q.shape
+    heads = padded_heads_prefill(nh, 128 if torch.cuda.get_device_capability(q.device)[0] >= 10 else 64)
+    if heads != nh:
+        qp = q.new_zeros(t, heads, dqk)
+        qp[:, :nh] = q
+    else:
+        qp = q
+    kv = inputs["kv"].unsqueeze(1)  # [rows, 1, 576]
+    kw = {"sm_scale": case_softmax_scale(case), "d_v": int(case.dims["Lkv"])}
+
+    def launch() -> torch.Tensor:
+        out, _, _ = fn(q=qp, kv=kv, indices=inputs["indices"], **kw)
+        return out[:, :nh]
+
+    return launch
+
+
+@register
+class FlashMlaSparseFwd(Adapter):
+    kernel = "flash_mla_sparse_fwd"
+    role = "mla_prefill"
+    ops = ("nsa_backend.forward_extend",)
+    description = (
+        "FlashMLA sparse prefill (sgl_kernel.flash_mla), bf16, index_topk tokens per query (DeepSeek-V3.2)"
+    )
+    backends = [
+        Backend(
+            "sgl_kernel",
+            "sgl_kernel.flash_mla:flash_mla_sparse_fwd",
+            None,
+            "aot",
+            _bind_sparse_prefill,
+            requires=SM90_OR_SM100,
+            preload=(FLASHMLA_EXTENSION,),
+            label="bf16 q/KV, indices [T, 1, topk], q padded to 64 heads (sm90) / 128 (sm100)",
+        )
+    ]
+
+    def cpu_skip_reason(self, case: Case) -> str | None:
+        t = int(case.dims["T"])
+        return None if t <= 256 else f"{t} tokens x {case.dims['topk']} gathered rows: too slow for a CPU"
+
+    def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
+        d = case.dims
+        t, reqs, _ = prefill_layout(case)
+        nh, dqk, topk = int(d["Nh"]), int(d["Lkv"]) + int(d["Dr"]), int(d["topk"])
+        gen = generator(seed)
+        rows = 2 * t  # the cache holds other requests' tokens too: the extend's tokens sit at scattered slots
+        slots = torch.randperm(rows, generator=gen)[:t]
+        return {
+            "q": randn((t, nh, dqk), gen, device),
+            "kv": randn((rows, dqk), gen, device),
+            "indices": prefill_indices(slots, reqs, topk, gen).to(device),
+        }
+
+    def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
+        kv = inputs["kv"]
+        return sparse_reference(
+            inputs["q"],
+            lambda idx: kv[idx].float(),
+            inputs["indices"][:, 0],
+            case_softmax_scale(case),
+            int(case.dims["Lkv"]),
+        )
+
+    def traffic(self, case: Case) -> Traffic:
+        d = case.dims
+        t, _, local = prefill_layout(case)
+        nh, lkv, dr, topk = int(d["Nh"]), int(d["Lkv"]), int(d["Dr"]), int(d["topk"])
+        dqk = lkv + dr
+        kept = sum(min(i + 1, topk) for i in range(local)) * (t // local)  # attended (query, token) pairs
+        byts = kept * (dqk * 2 + 4) + t * nh * (dqk + lkv) * 2
+        flops = 2 * nh * kept * (dqk + lkv)
+        return Traffic(byts, flops, "each query's gathered KV rows + their int32 indices + q + out")
