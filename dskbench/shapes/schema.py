@@ -42,6 +42,8 @@ ROLES = frozenset(
         "fp8_cast",
         "gemm",
         "hadamard",
+        "kv_alloc",
+        "kv_write",
         "merge_state",
         "mha_prefill",
         "mla_decode",
