@@ -192,14 +192,18 @@ def test_list_shows_the_models_column_and_filters_by_model():
     assert "  -  " in row["cutlass_moe_gemm"]  # absent: no op any model runs
     rc, out, _ = _main(["list", "--model", "deepseek-v3.2"])
     kernels = {line.split()[0] for line in out.splitlines()[1:-1]}
-    assert kernels == {
-        "act_quant",
-        "fast_topk_transform_fused",
-        "fast_topk_transform_ragged_fused",
-        "fast_topk_v2",
-        "hadamard_transform",
-        "layernorm",
-    } | V32_FILE_KERNELS
+    assert (
+        kernels
+        == {
+            "act_quant",
+            "fast_topk_transform_fused",
+            "fast_topk_transform_ragged_fused",
+            "fast_topk_v2",
+            "hadamard_transform",
+            "layernorm",
+        }
+        | V32_FILE_KERNELS
+    )
     assert out.splitlines()[-1] == f"{len(kernels)} kernels, 6 with an adapter"
     rc, out, _ = _main(["list", "--model", "deepseek-r1"])
     assert "rmsnorm" in out and "fast_topk_v2" not in out and "cutlass_moe_gemm" not in out
