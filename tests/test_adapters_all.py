@@ -49,14 +49,11 @@ TRITON_FILE_KERNELS_WITHOUT_ADAPTER = {
     "_get_k_and_s_triton_kernel",
     "_quantize_k_cache_fast_kernel",
     "_set_k_and_s_triton_kernel",
-    "alloc_decode_kernel",
-    "alloc_extend_kernel",
     "assign_req_to_token_pool",
     "create_flashinfer_kv_indices_triton",
     "fill_bonus_tokens",
     "generate_draft_decode_kv_indices",
     "get_mla_kv_buffer_kernel",
-    "set_mla_kv_buffer_kernel",
 }
 
 

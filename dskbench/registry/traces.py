@@ -433,6 +433,7 @@ class _Walker:
         path = clean_path(strip_markup(cells.get("file") or ""))
         if plural and path.endswith(".py") and _FILE_OF_KERNELS.search(text):
             self.file_rows.append(FileRow(path, text, lno, self.section()))
+            self.formats.add("triton-files")
 
 
 _FILE_OF_KERNELS = re.compile(r"\bkernels?\b", re.I)
