@@ -206,7 +206,7 @@ def _helpers(tree: ast.Module, jit: set[str]) -> set[str]:
             for n in ast.walk(node):
                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in jit:
                     called.add(n.func.id)
-    return (called - launched) - {""}
+    return called - launched
 
 
 def _explicit_reexport(mod: Module, alias: str) -> bool:
