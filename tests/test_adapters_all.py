@@ -34,9 +34,26 @@ def test_every_adapter_is_a_registry_kernel_to_benchmark():
         assert name in REGISTRY, f"adapter for {name!r}, which the traces do not name"
         # multi-GPU kernels have adapters for their torchrun benchmark (`dskbench comm`)
         assert REGISTRY[name].status in ("benchmark", "needs-multi-gpu"), name
-    # the kernels to benchmark without an adapter are few and known
+    # the kernels to benchmark without an adapter are few and known; the Triton kernels of the files the
+    # traces name (traces/triton_kernels.yaml) that have none yet are listed here by name
     missing = sorted(n for n, e in REGISTRY.items() if e.status == "benchmark" and n not in ADAPTERS)
-    assert len(missing) <= 5, missing
+    from_files = {n for n in missing if "triton_kernels.yaml" in REGISTRY[n].status_reason}
+    assert len(set(missing) - from_files) <= 5, missing
+    assert from_files <= TRITON_FILE_KERNELS_WITHOUT_ADAPTER, sorted(
+        from_files - TRITON_FILE_KERNELS_WITHOUT_ADAPTER
+    )
+
+
+TRITON_FILE_KERNELS_WITHOUT_ADAPTER = {
+    "_gather_dequant_requant_fp8_paged_kernel",
+    "_get_k_and_s_triton_kernel",
+    "_set_k_and_s_triton_kernel",
+    "assign_req_to_token_pool",
+    "create_flashinfer_kv_indices_triton",
+    "fill_bonus_tokens",
+    "generate_draft_decode_kv_indices",
+    "get_mla_kv_buffer_kernel",
+}
 
 
 @pytest.mark.parametrize("name", sorted(ADAPTERS))

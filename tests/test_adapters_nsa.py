@@ -112,3 +112,42 @@ def test_binder_follows_the_sglang_jit_signature():
         x, scale = calls[-1]
         assert x is inp["x"] and scale == 128**-0.5  # rotate_activation's scale, hidden_size ** -0.5
         assert a.check(out, a.reference(inp, case), case).ok
+
+
+# -- _quantize_k_cache_fast_kernel (the FP8 sparse-attention KV cache) -----------------------------
+
+
+def test_quant_k_cache_reference_by_hand():
+    from dskbench.adapters.nsa import quant_k_cache as Q
+
+    # one token, latent of 2 tiles of 4: tile 0 amax 2 -> scale 2/448; tile 1 amax 448 -> scale 1
+    nope = torch.tensor([[[1.0, -2.0, 0.5, 0.0, 448.0, 3.0, -1.0, 0.25]]], dtype=torch.bfloat16)
+    rope = torch.tensor([[[1.5, -3.0]]], dtype=torch.bfloat16)
+    n, r = Q.quant_k_cache_reference(nope, rope, 4)
+    assert n.shape == (1, 1, 8 + 2 * 4) and r.shape == (1, 1, 4) and n.dtype == r.dtype == torch.uint8
+    q, s = Q.unpack(n, 8, 4)
+    assert s.tolist() == [[torch.tensor(2.0 / 448.0, dtype=torch.float32).item(), 1.0]]
+    assert q.float().tolist() == [
+        [224.0, -448.0, 112.0, 0.0, 448.0, 3.0, -1.0, 0.25]
+    ]  # x / scale, all exact in e4m3
+    assert r.reshape(-1).view(torch.bfloat16).tolist() == [1.5, -3.0]
+
+
+def test_quant_k_cache_case_inputs_and_check():
+    a = get_adapter("_quantize_k_cache_fast_kernel")
+    c = SHAPES.cases(a.kernel, list(a.ops), a.role, "decode", profile="cpu")[-1]
+    assert SHAPES.ops["dsa_kv_cache_store"].models == ("deepseek-v3.2",)
+    assert (c.dims["Lkv"], c.dims["Dr"], c.dims["tile"]) == (512, 64, 128)
+    inp = a.make_inputs(c, "cpu", 0)
+    t = c.point["T"]
+    assert inp["k_nope"].shape == (t, 1, 512) and inp["k_rope"].shape == (t, 1, 64)
+    ref = a.reference(inp, c)
+    assert ref[0].shape == (t, 1, 528) and ref[1].shape == (t, 1, 128)
+    assert a.check(tuple(x.clone() for x in ref), ref, c).ok
+    bad = ref[0].clone()
+    bad[0, 0, 512] ^= 1  # one bit of the first scale
+    assert not a.check((bad, ref[1]), ref, c).ok
+    called = []
+    a.backends[0].bind(lambda *xs: called.append(xs), inp, c)()
+    assert called[0][2] == 128
+    assert a.traffic(c).bytes == t * 576 * 2 + t * (512 + 16 + 128)

@@ -53,8 +53,23 @@ def _op(case_id: str) -> str:
 
 
 def test_the_shapes_file_marks_the_nsa_ops_as_deepseek_v32s():
-    assert V32_OPS == {"nsa_indexer.forward", "nsa_backend.forward_decode", "nsa_backend.forward_extend"}
+    assert V32_OPS == {
+        "nsa_indexer.forward",
+        "nsa_backend.forward_decode",
+        "nsa_backend.forward_extend",
+        "dsa_kv_cache_store",
+    }
     assert not V32_OPS & R1_OPS and "input_layernorm" in R1_OPS
+
+
+# DeepSeek-V3.2's Triton kernels of the NSA files the traces name (traces/triton_kernels.yaml); all but
+# _quantize_k_cache_fast_kernel have no adapter yet
+V32_FILE_KERNELS = {
+    "_gather_dequant_requant_fp8_paged_kernel",
+    "_get_k_and_s_triton_kernel",
+    "_quantize_k_cache_fast_kernel",
+    "_set_k_and_s_triton_kernel",
+}
 
 
 def test_model_names():
@@ -83,7 +98,8 @@ def test_run_model_selects_the_ops_that_model_runs():
     assert _dry("--model", "deepseek-r1", "--model", "deepseek-v3.2")[0] == every
     assert _dry("--model", "DeepSeek-V3.2")[0] == v32
     # kernels skipped at planning stay when one of their ops is the model's
-    assert "custom_all_reduce" in r1_skipped and v32_skipped == []
+    # (V3.2's index-buffer and K-cache Triton kernels have no adapter yet: skipped, and only those)
+    assert "custom_all_reduce" in r1_skipped and set(v32_skipped) <= V32_FILE_KERNELS
     assert set(r1_skipped) <= set(every_skipped)
 
 
@@ -182,17 +198,21 @@ def test_list_shows_the_models_column_and_filters_by_model():
     assert "  -  " in row["cutlass_moe_gemm"]  # absent: no op any model runs
     rc, out, _ = _main(["list", "--model", "deepseek-v3.2"])
     kernels = {line.split()[0] for line in out.splitlines()[1:-1]}
-    assert kernels == {
-        "act_quant",
-        "fast_topk_transform_fused",
-        "fast_topk_transform_ragged_fused",
-        "fast_topk_v2",
-        "flash_mla_sparse_fwd",
-        "flash_mla_with_kvcache",  # dense at attn_mqa (R1 and V3.2), sparse at V3.2's sparse decode
-        "hadamard_transform",
-        "layernorm",
-    }
-    assert out.splitlines()[-1] == "8 kernels, 8 with an adapter"
+    assert (
+        kernels
+        == {
+            "act_quant",
+            "fast_topk_transform_fused",
+            "fast_topk_transform_ragged_fused",
+            "fast_topk_v2",
+            "flash_mla_sparse_fwd",
+            "flash_mla_with_kvcache",  # dense at attn_mqa (R1 and V3.2), sparse at V3.2's sparse decode
+            "hadamard_transform",
+            "layernorm",
+        }
+        | V32_FILE_KERNELS
+    )
+    assert out.splitlines()[-1] == f"{len(kernels)} kernels, 9 with an adapter"
     rc, out, _ = _main(["list", "--model", "deepseek-r1"])
     assert "rmsnorm" in out and "fast_topk_v2" not in out and "cutlass_moe_gemm" not in out
 

@@ -42,7 +42,8 @@ def _op(entry: dict, name: str) -> dict:
 
 
 def test_union_and_every_entry_well_formed(entries):
-    assert 70 <= len(entries) <= 95  # the union of the five documents (85 today)
+    # the union of the documents (88 named kernels) and the 38 Triton kernels of the files they name
+    assert 110 <= len(entries) <= 140
     for name, e in entries.items():
         assert e["name"] == name
         assert e["status"] in STATUSES

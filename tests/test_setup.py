@@ -221,8 +221,14 @@ def test_system_python_install_needs_no_index(tmp_path):
     cmd = [py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."]
     proc = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+    # what the install gives, not a checkout a PYTHONPATH of the test run points at
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     got = subprocess.run(
-        [py, "-c", "import dskbench; print(dskbench.__file__)"], cwd=tmp_path, capture_output=True, text=True
+        [py, "-c", "import dskbench; print(dskbench.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean,
     )
     assert got.stdout.strip() == str(proj / "dskbench" / "__init__.py")
 

@@ -31,7 +31,7 @@ def _lines_of(doc, text: str) -> list[int]:
 
 def test_format_detected_from_content(docs):
     assert docs[NEW].format == "kernel-traces"
-    assert docs[LEGACY].format == "kernel-traces-legacy"
+    assert docs[LEGACY].format == "kernel-traces-legacy+triton-files"  # its "Triton JIT" file rows
     assert docs[OPS].format == "op-traces"
     assert docs[NVFP4].format == "execution-ops"
     assert docs[PROCEDURE].format == "procedure" and docs[PROCEDURE].kernels == {}

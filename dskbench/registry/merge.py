@@ -20,7 +20,9 @@ from dskbench.registry.ops import (
     runs_in_r1,
     shape_disagreement,
 )
-from dskbench.registry.trace_model import KernelFacts, Site, TraceDoc, Vote
+from dskbench.registry.trace_cells import IDENT
+from dskbench.registry.trace_model import FileRow, KernelFacts, OpRef, Site, TraceDoc, Vote
+from dskbench.registry.triton_data import TritonFiles, TritonKernel
 from dskbench.shapes.cases import ModelShapes, canonical_op_name
 from dskbench.shapes.schema import MODELS
 
@@ -61,15 +63,43 @@ STATUS_RULES = (
 # Sections about DeepSeek-V3.2 sparse attention (a kernel traced only there is not in DeepSeek-R1).
 V32_SECTIONS = re.compile(r"\bnsa\b|\bdsa\b|native sparse attention|v3\.2", re.I)
 GEMM_CATEGORIES = frozenset({"gemm", "moe-gemm"})
+DATA_REF = "traces/triton_kernels.yaml"
 
 
-def build(docs: list[TraceDoc], shapes: ModelShapes, aliases: Aliases) -> dict[str, dict]:
-    """Every registry entry the parsed documents give (name -> entry dict), names through `aliases`."""
+def build(
+    docs: list[TraceDoc], shapes: ModelShapes, aliases: Aliases, triton: TritonFiles | None = None
+) -> dict[str, dict]:
+    """Every registry entry the parsed documents give (name -> entry dict), names through `aliases`.
+
+    A row that names a file of kernels but not the kernels gives one entry per kernel `triton` (the
+    data file traces/triton_kernels.yaml) lists for that file, with the status written there.
+    """
+    triton = triton if triton is not None else TritonFiles()
     groups: dict[str, list[tuple[TraceDoc, KernelFacts]]] = defaultdict(list)
     for doc in docs:
         for raw, facts in doc.kernels.items():
             groups[aliases.canonical(raw)].append((doc, facts))
-    return {name: _KernelMerge(name, groups[name], shapes, aliases).build() for name in sorted(groups)}
+        for row in doc.file_rows:
+            for k in triton.for_row(row, doc.name):
+                groups[aliases.canonical(k.name)].append((doc, _file_row_facts(k, row)))
+    return {
+        name: _KernelMerge(name, groups[name], shapes, aliases, triton.kernels.get(name)).build()
+        for name in sorted(groups)
+    }
+
+
+def _file_row_facts(k: TritonKernel, row: FileRow) -> KernelFacts:
+    """What a file row says about one of its kernels, with the data file's file, line and ops."""
+    f = KernelFacts(k.name)
+    f.mentions.append((row.line, row.section))
+    f.sources.append(Vote("triton", row.line))
+    if k.category:
+        f.categories.append(Vote(k.category, row.line))
+    f.definitions.append(Site(f"{k.file}:{k.line}", row.line, "definition"))
+    if IDENT.match(k.via):
+        f.call_sites.append(Site(row.file, row.line, "kernel", k.via))
+    f.ops.extend(OpRef(op, row.line) for op in k.ops)
+    return f
 
 
 def _ref(doc: TraceDoc, line: int) -> str:
@@ -80,9 +110,15 @@ class _KernelMerge:
     """Merges what every document says about one kernel into its registry entry."""
 
     def __init__(
-        self, name: str, group: list[tuple[TraceDoc, KernelFacts]], shapes: ModelShapes, aliases: Aliases
+        self,
+        name: str,
+        group: list[tuple[TraceDoc, KernelFacts]],
+        shapes: ModelShapes,
+        aliases: Aliases,
+        triton: TritonKernel | None = None,
     ):
         self.name = name
+        self.triton = triton
         self.group = sorted(group, key=lambda df: df[0].name)
         self.shapes = shapes
         self.aliases = aliases
@@ -219,6 +255,8 @@ class _KernelMerge:
     def status(self, category: str | None, ops: list[dict[str, Any]]) -> tuple[str, str]:
         if self.name in self.aliases.absent:
             return "absent", self.aliases.absent[self.name]
+        if self.triton is not None:  # decided by hand in the data file, kernel by kernel
+            return self.triton.status, f"{self.triton.why} ({DATA_REF})"
         sections = self.sections()
         for rule in STATUS_RULES:
             why = None

@@ -64,6 +64,17 @@ class ShapeRow:
     remark: str | None = None  # e.g. "B<=16" after the kernel name
 
 
+@dataclass(frozen=True)
+class FileRow:
+    """A table row that names a file of kernels without naming them ("mem_cache/allocator.py | allocator
+    kernels"); registry/triton_data.py says which kernels the file holds in the pinned sglang."""
+
+    file: str  # as written: "mem_cache/allocator.py"
+    text: str  # the kernels cell: "allocator kernels"
+    line: int
+    section: str
+
+
 @dataclass
 class KernelFacts:
     """Everything one document says about one kernel name."""
@@ -88,6 +99,7 @@ class TraceDoc:
     generated: str | None = None
     kernels: dict[str, KernelFacts] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    file_rows: list[FileRow] = field(default_factory=list)
 
     @property
     def name(self) -> str:

@@ -29,6 +29,7 @@ from dskbench.registry.trace_cells import (
     strip_markup,
 )
 from dskbench.registry.trace_model import (
+    FileRow,
     Frame,
     KernelFacts,
     OpRef,
@@ -90,7 +91,15 @@ def parse_trace(path: str | Path) -> TraceDoc:
     walker.run()
     if not walker.formats:
         raise TraceError(path, 1, "matches no known trace format (no kernel table or call chain found)")
-    return TraceDoc(path, "+".join(sorted(walker.formats)), text, generated, walker.kernels, walker.warnings)
+    return TraceDoc(
+        path,
+        "+".join(sorted(walker.formats)),
+        text,
+        generated,
+        walker.kernels,
+        walker.warnings,
+        walker.file_rows,
+    )
 
 
 class _Walker:
@@ -100,6 +109,7 @@ class _Walker:
         self.kernels: dict[str, KernelFacts] = {}
         self.formats: set[str] = set()
         self.warnings: list[str] = []
+        self.file_rows: list[FileRow] = []
         self.headings: dict[int, tuple[str, int]] = {}
         self.kernel: str | None = None  # the kernel of the current `#### name **(src)**` section
         self.chain: list[Frame] | None = None
@@ -365,6 +375,7 @@ class _Walker:
         cell = cells.get("kernels") if plural else cells.get("kernel")
         kernels = kernels_in_cell(cell or "", plural)
         if not kernels:
+            self.file_row(cells, cell or "", lno, plural)
             return
         if "count" in cells and plural:
             m = re.search(r"\d+", cells["count"])
@@ -415,6 +426,17 @@ class _Walker:
                             remark,
                         )
                     )
+
+    def file_row(self, cells: dict[str | None, str], cell: str, lno: int, plural: bool) -> None:
+        """A "file | <what> kernels" row: the file is named, its kernels are not (triton_data.py)."""
+        text = strip_markup(cell)
+        path = clean_path(strip_markup(cells.get("file") or ""))
+        if plural and path.endswith(".py") and _FILE_OF_KERNELS.search(text):
+            self.file_rows.append(FileRow(path, text, lno, self.section()))
+            self.formats.add("triton-files")
+
+
+_FILE_OF_KERNELS = re.compile(r"\bkernels?\b", re.I)
 
 
 def _frame_site(body: str) -> tuple[str, str | None] | None:
