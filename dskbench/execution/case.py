@@ -191,6 +191,10 @@ def measured_fields(
     if not _has_samples(measured):
         return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
     clocks = Clocks.from_json({k: measured.pop(k) for k in Clocks.KEYS if k in measured})
+    if measured.get("cross_check") is None:
+        from dskbench.measure.cross_check import skipped
+
+        measured["cross_check"] = skipped(no_cross_check(opts, prep.device))
     timing = Timing.from_json({**measured, "mode": opts.mode, "input_sets": measured.get("n_sets", 1)})
     if why:  # kept for the reader to see; no metrics: they would be computed from an impossible median
         return {
@@ -250,7 +254,20 @@ def measure_settings(opts: SweepOptions) -> Any:
         settings = dataclasses.replace(settings, flush_kind=opts.flush)
     if opts.stopping != settings.stopping:
         settings = dataclasses.replace(settings, stopping=opts.stopping)
+    if opts.cross_check and opts.device == "cuda":
+        settings = dataclasses.replace(settings, cross_check=True)
     return settings
+
+
+def no_cross_check(opts: SweepOptions, device: str) -> str:
+    """Why a record timed without a second timer has none."""
+    if not opts.cross_check:
+        from dskbench.measure.cross_check import SKIPPED_BY_OPTION
+
+        return SKIPPED_BY_OPTION
+    if device != "cuda":
+        return "a CPU run: wall-clock timing has no second timer"
+    return "not cross-checked"
 
 
 def _rotation_sets(prep: Prepared) -> list:

@@ -43,6 +43,10 @@ class MeasureSettings:
     # The stopping policy (stopping.py): "median-ci" (target_noise on the median's CI), "stdrel"
     # (target_noise on the samples' CV) or "fixed" (min_samples samples). Recorded with each result.
     stopping: str = DEFAULT
+    # Read each measured case briefly with the other timer too (dskbench.measure.cross_check): a sweep
+    # turns it on (`--no-cross-check` leaves it off); the core alone, for asv, calibration and
+    # ceilings, does not.
+    cross_check: bool = False
 
     def __post_init__(self) -> None:
         if self.flush_kind not in ("write", "read"):
@@ -104,6 +108,8 @@ class Measurement:
     stopping: dict[str, Any] | None = None  # the stopping policy: {"name": ..., <its parameters>}
     # wall seconds of the measurement's stages: warmup_s, prepare_s (calibration, graph capture), sampling_s
     stage_s: dict[str, float] | None = None
+    # the second timer's view (dskbench.measure.cross_check): {method, median_us, ratio, agrees, ...}
+    cross_check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -159,6 +159,31 @@ class Traffic(Part):
 
 
 @dataclass(frozen=True)
+class CrossCheck(Part):
+    """A second timer's view of the same case (dskbench.measure.cross_check): CUDA events for a case CUPTI
+    timed, CUPTI for one the events timed; both medians before any launch-gap correction. Outside its
+    band the record is flagged (agrees false), its status kept; beyond 2x either way it is unstable."""
+
+    method: str | None = _always("cuda-events or cupti: the second timer; null when none ran (skipped says why)")
+    agrees: bool | None = _always("the ratio lies in its band; null when not cross-checked")
+    median_us: float | None = _optional("the second timer's median per launch (no gap subtracted)")
+    main_us: float | None = _optional("the record's own median before the launch gap was subtracted")
+    ratio: float | None = _optional("main_us / median_us")
+    band: list[float | None] | None = _optional("[lo, hi]: the ratio's normal range (null: unbounded)")
+    overhead_us: float | None = _optional("the event timer's per-launch overhead over CUPTI the band allows")
+    samples: int | None = _optional("the second timer's samples")
+    note: str | None = _optional("why the timers disagree")
+    via: str | None = _optional("how the CUPTI pass launched the case, when not from a graph")
+    skipped: str | None = _optional("why there is no cross-check (turned off, no CUPTI, a CPU run)")
+    extra: Mapping[str, Any] = _extra()
+
+    @property
+    def flagged(self) -> bool:
+        """The timers disagree beyond their normal band."""
+        return self.agrees is False
+
+
+@dataclass(frozen=True)
 class Timing(Part):
     """The measurement core's result for one case; times per launch in microseconds."""
 
@@ -191,13 +216,31 @@ class Timing(Part):
     input_sets: int | None = _optional("input sets of the case (rotate mode: several)")
     rank: int | None = _optional("collectives: the slowest rank, whose timing this is")
     stopping: dict[str, Any] | None = _optional("the stopping policy: {name, its parameters}")
+    cross_check: CrossCheck | None = _optional(
+        "a second timer's view (results files written before it have none: not cross-checked)"
+    )
     extra: Mapping[str, Any] = _extra()
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        if self.cross_check is not None:
+            out["cross_check"] = self.cross_check.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Any:
+        t = super().from_json(d)
+        if isinstance(t.cross_check, Mapping):
+            t = replace(t, cross_check=CrossCheck.from_json(t.cross_check))
+        return t
 
     def __post_init__(self) -> None:
         if self.stopping is not None and not (
             isinstance(self.stopping, Mapping) and isinstance(self.stopping.get("name"), str)
         ):
             raise RecordError(f"timing.stopping must be an object with a name, not {self.stopping!r}")
+        if self.cross_check is not None and not isinstance(self.cross_check, CrossCheck | Mapping):
+            raise RecordError(f"timing.cross_check must be an object, not {self.cross_check!r}")
 
 
 @dataclass(frozen=True)
