@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 from dskbench.execution.case import measure_valid  # noqa: E402
-from dskbench.measure import batch, cross_check  # noqa: E402
+from dskbench.measure import batch, cross_check, cupti_pass  # noqa: E402
 from dskbench.measure.batch_spans import MARKER  # noqa: E402
 from dskbench.measure.sampling import assemble  # noqa: E402
 from dskbench.measure.settings import MeasureSettings  # noqa: E402
@@ -266,7 +266,7 @@ def cupti(device, monkeypatch):
     monkeypatch.setattr(batch, "_cupti_ok", True)
     monkeypatch.setattr(batch, "_capture", lambda f, mark: StepGraph(f, mark))
     monkeypatch.setattr(batch, "flush_buffer", lambda index, nbytes: Buffer(device, 27_000))
-    monkeypatch.setattr(cross_check, "marker_buffer", lambda index: Buffer(device, 300))
+    monkeypatch.setattr(cupti_pass, "marker_buffer", lambda index: Buffer(device, 300))
     return device
 
 
@@ -282,7 +282,7 @@ def per_case(dev: Device, raw_us: float, kernel_ns: int, method="cuda-graph", mo
     measured = {"method": method, "median_us": raw_us - 0.3, "raw_median_us": raw_us, "flush_kind": "write"}
     if mode != "cold":
         measured.update(median_us=raw_us, raw_median_us=None, flush_kind=None)
-    cc = cross_check.per_case_check(
+    cc = cupti_pass.per_case_check(
         measured,
         [launcher(dev, kernel_ns)],
         mode=mode,
@@ -341,7 +341,7 @@ def test_a_cupti_pass_that_does_not_add_up_is_no_cross_check(cupti, monkeypatch)
             if Lossy.n % 3:
                 super().zero_()
 
-    monkeypatch.setattr(cross_check, "marker_buffer", lambda index: Lossy(cupti, 300))
+    monkeypatch.setattr(cupti_pass, "marker_buffer", lambda index: Lossy(cupti, 300))
     m = per_case(cupti, raw_us=2.3, kernel_ns=2_000, mode="hot")
     assert m["cross_check"]["method"] is None and "did not add up" in m["cross_check"]["skipped"]
     assert problem(m) is None

@@ -158,19 +158,40 @@ def time_prepared(
     t0 = time.perf_counter()
 
     def measure_once() -> dict[str, Any]:
-        return as_dict(
-            core.measure(
-                launchers,
-                device=prep.device,
-                mode=mode,
-                capturable=prep.backend.capturable,
-                settings=settings,
-            )
+        m = core.measure(
+            launchers,
+            device=prep.device,
+            mode=mode,
+            capturable=prep.backend.capturable,
+            settings=settings,
         )
+        if settings.cross_check and prep.device == "cuda":
+            cupti_check(m, launchers, mode, prep.backend.capturable, settings)
+        return as_dict(m)
 
     measured, why = measure_valid(measure_once)
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
     return measured_fields(base, prep, measured, device, opts, ceilings, why)
+
+
+def cupti_check(m: Any, launchers: list, mode: str, capturable: bool, settings: Any) -> None:
+    """The second timer of an event-timed measurement: a short CUPTI pass (dskbench.measure.cupti_pass),
+    its result in `m.cross_check` and its seconds in `m.stage_s`."""
+    import torch
+
+    from dskbench.measure.cupti_pass import per_case_check
+
+    t0 = time.perf_counter()
+    m.cross_check = per_case_check(
+        m.to_dict(),
+        launchers,
+        mode=mode,
+        capturable=capturable,
+        index=torch.cuda.current_device(),
+        flush_bytes=m.flush_bytes,
+        gaps=settings.launch_gap_us,
+    )
+    m.stage_s = {**(m.stage_s or {}), "cross_check_s": round(time.perf_counter() - t0, 4)}
 
 
 def measured_fields(

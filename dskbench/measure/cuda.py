@@ -293,7 +293,7 @@ def measure_cuda(
             timer.close()
         torch.cuda.synchronize()
         clocks_after = nvml.read_clocks(index)
-    m = finish(
+    return finish(
         stopper,
         timer,
         mode=mode,
@@ -315,19 +315,3 @@ def measure_cuda(
             "sampling_s": t_done - t_sampling,
         },
     )
-    if settings.cross_check:
-        from dskbench.measure.cross_check import per_case_check
-
-        t0 = time.perf_counter()
-        with torch.cuda.device(index):
-            m.cross_check = per_case_check(
-                m.to_dict(),
-                launchers,
-                mode=mode,
-                capturable=capturable,
-                index=index,
-                flush_bytes=flush_bytes,
-                gaps=settings.launch_gap_us,
-            )
-        m.stage_s = {**(m.stage_s or {}), "cross_check_s": round(time.perf_counter() - t0, 4)}
-    return m

@@ -43,9 +43,9 @@ class MeasureSettings:
     # The stopping policy (stopping.py): "median-ci" (target_noise on the median's CI), "stdrel"
     # (target_noise on the samples' CV) or "fixed" (min_samples samples). Recorded with each result.
     stopping: str = DEFAULT
-    # Read each measured case briefly with the other timer too (dskbench.measure.cross_check): a sweep
-    # turns it on (`--no-cross-check` leaves it off); the core alone, for asv, calibration and
-    # ceilings, does not.
+    # Read each measured case briefly with the other timer too (dskbench.measure.cross_check): the
+    # batched timer does it itself, the engine after a per-case measurement (cupti_pass). A sweep turns
+    # it on (`--no-cross-check` leaves it off); asv, calibration and the ceilings do not.
     cross_check: bool = False
 
     def __post_init__(self) -> None:

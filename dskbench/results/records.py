@@ -15,6 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
+from dskbench.results.part import Part, RecordError
+from dskbench.results.part import always as _always
+from dskbench.results.part import extra_field as _extra
+from dskbench.results.part import finite as _finite
+from dskbench.results.part import optional as _optional
+from dskbench.results.part import required as _required
+
 SCHEMA = "dskbench.results/1"
 # unstable: checked and timed, but the timing is impossible (dskbench.measure.validity), twice: kept
 # for the reader to see, never used as a number
@@ -22,56 +29,7 @@ STATUSES = ("ok", "wrong", "skipped", "error", "unstable")
 TIMED = ("ok", "unstable")  # the statuses whose record carries a timing
 
 
-class RecordError(ValueError):
-    """A record that breaks the schema's rules (the message says which)."""
-
-
-def _always(doc: str, default: Any = None) -> Any:
-    """A field written on every record, null when unknown."""
-    return field(default=default, metadata={"doc": doc})
-
-
-def _optional(doc: str) -> Any:
-    """A field written only when set."""
-    return field(default=None, metadata={"doc": doc, "omit_none": True})
-
-
-def _required(doc: str) -> Any:
-    return field(metadata={"doc": doc})
-
-
-def _extra() -> Any:
-    return field(default_factory=dict, metadata={"doc": "keys this version does not know, kept as read"})
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-class Part:
-    """A nested object of a record: its known fields, plus `extra` for the keys it does not know."""
-
-    extra: Mapping[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):  # type: ignore[arg-type]
-            v = getattr(self, f.name)
-            if f.name == "extra" or (v is None and f.metadata.get("omit_none")):
-                continue
-            out[f.name] = v
-        return {**out, **self.extra}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Any:
-        if not isinstance(d, Mapping):
-            raise RecordError(f"{cls.__name__} must be a JSON object, not {type(d).__name__}")
-        names = {f.name for f in fields(cls)} - {"extra"}  # type: ignore[arg-type]
-        known = {k: v for k, v in d.items() if k in names}
-        try:
-            return cls(**known, extra={k: v for k, v in d.items() if k not in names})
-        except TypeError as e:  # a required key missing
-            raise RecordError(f"{cls.__name__}: {e}") from None
+__all__ = ["Part", "RecordError"]
 
 
 @dataclass(frozen=True)
@@ -317,6 +275,7 @@ class Stages(Part):
     warmup_s: float | None = _optional("warm-up launches before anything is timed")
     prepare_s: float | None = _optional("launch-count calibration and CUDA graph capture")
     sampling_s: float | None = _optional("the timed batches, until the stopping policy stops")
+    cross_check_s: float | None = _optional("the second timer's brief reading (its share of a batch's)")
     measure_s: float | None = _optional("the whole measurement (warm-up, prepare, sampling, bookkeeping)")
     item_s: float | None = _optional("the whole case, set-up and clean-up included")
     other_s: float | None = _optional("item_s less the stages above (record keeping, clean-up)")
