@@ -209,7 +209,9 @@ def test_system_python_install_needs_no_index(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "empty")}
+    # an inherited PYTHONPATH (a checkout run without installing) would shadow the install under test
+    outer = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**outer, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "empty")}
     # this Python's own build tools are the test run's (setuptools>=68 as pyproject asks), not venv's old copy
     subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], env=env, check=False)
     site = next((env_dir / "lib").glob("python3*/site-packages"))
@@ -221,14 +223,12 @@ def test_system_python_install_needs_no_index(tmp_path):
     cmd = [py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."]
     proc = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    # what the install gives, not a checkout a PYTHONPATH of the test run points at
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     got = subprocess.run(
         [py, "-c", "import dskbench; print(dskbench.__file__)"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env=clean,
+        env=env,
     )
     assert got.stdout.strip() == str(proj / "dskbench" / "__init__.py")
 

@@ -47,6 +47,8 @@ __all__ = [
     "stats_from_runs",
 ]
 
+DISAGREE_MARK = "≠"  # a side whose second timer disagreed (dskbench.measure.cross_check)
+
 VERDICT_ORDER = (
     "broke",
     "slower",
@@ -113,6 +115,17 @@ class Comparison:
     @property
     def improvements(self) -> list[Change]:
         return [c for c in self.changes if c.is_improvement]
+
+    def disagreements(self) -> list[str]:
+        """One line per compared measurement whose two timers disagree on a side (its number marked)."""
+        out = []
+        for c in sorted(self.measured, key=_row_order):
+            for side, s in (("old", c.old), ("new", c.new)):
+                if s is not None and s.status == "ok" and s.disagree:
+                    out.append(
+                        f"  {c.key.kernel} {_short_case(c.key)} {c.key.backend} ({side}): {s.disagree}"
+                    )
+        return out
 
     def counts(self) -> Counter:
         return Counter(c.verdict for c in self.measured)
@@ -216,9 +229,10 @@ def format_stat(s: Stat | None) -> str:
     v = format_number(s.value)
     unit = "" if s.unit == "us" else f" {s.unit}"
     runs = f" ({s.n_runs} runs)" if s.n_runs > 1 else ""
+    mark = f" {DISAGREE_MARK}" if s.disagree else ""
     if s.lo is not None and s.hi is not None and s.value:
-        return f"{v}{unit} ±{(s.hi - s.lo) / 2 / abs(s.value):.1%}{runs}"
-    return f"{v}{unit}{runs}"
+        return f"{v}{unit} ±{(s.hi - s.lo) / 2 / abs(s.value):.1%}{runs}{mark}"
+    return f"{v}{unit}{runs}{mark}"
 
 
 def format_number(x: float) -> str:

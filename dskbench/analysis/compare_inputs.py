@@ -157,6 +157,7 @@ def aggregate(stats: Sequence[Stat]) -> Stat:
         throttled=any(s.throttled for s in ok),
         runs=runs,
         reason=reason[:200],
+        disagree=next((s.disagree for s in reversed(ok) if s.disagree), ""),
     )
 
 
@@ -187,7 +188,9 @@ def stat_from_record(rec: Mapping[str, Any], commit: str = "") -> Stat:
     t = timed or Timing(median_us=None)  # not timed, or not validly: every figure unknown
     clocks = part_of(rec, "clocks")
     gap = t.launch_gap_us if t.raw_median_us is not None else None
+    cc = t.cross_check
     return Stat(
+        disagree=(cc.note or "timers disagree") if cc is not None and cc.flagged else "",
         status=rec["status"],
         value=t.median_us,
         lo=t.p10_us,

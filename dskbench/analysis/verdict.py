@@ -66,6 +66,7 @@ class Stat:
     p90: float | None = None
     gap_us: float = 0.0
     runs: tuple[tuple[float, float | None], ...] = ()  # (raw median, raw p10) per run, oldest first
+    disagree: str = ""  # its second timer read it outside the normal band: why (dskbench.measure.cross_check)
 
     @property
     def n_runs(self) -> int:

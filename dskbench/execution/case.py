@@ -158,19 +158,40 @@ def time_prepared(
     t0 = time.perf_counter()
 
     def measure_once() -> dict[str, Any]:
-        return as_dict(
-            core.measure(
-                launchers,
-                device=prep.device,
-                mode=mode,
-                capturable=prep.backend.capturable,
-                settings=settings,
-            )
+        m = core.measure(
+            launchers,
+            device=prep.device,
+            mode=mode,
+            capturable=prep.backend.capturable,
+            settings=settings,
         )
+        if settings.cross_check and prep.device == "cuda":
+            cupti_check(m, launchers, mode, prep.backend.capturable, settings)
+        return as_dict(m)
 
     measured, why = measure_valid(measure_once)
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
     return measured_fields(base, prep, measured, device, opts, ceilings, why)
+
+
+def cupti_check(m: Any, launchers: list, mode: str, capturable: bool, settings: Any) -> None:
+    """The second timer of an event-timed measurement: a short CUPTI pass (dskbench.measure.cupti_pass),
+    its result in `m.cross_check` and its seconds in `m.stage_s`."""
+    import torch
+
+    from dskbench.measure.cupti_pass import per_case_check
+
+    t0 = time.perf_counter()
+    m.cross_check = per_case_check(
+        m.to_dict(),
+        launchers,
+        mode=mode,
+        capturable=capturable,
+        index=torch.cuda.current_device(),
+        flush_bytes=m.flush_bytes,
+        gaps=settings.launch_gap_us,
+    )
+    m.stage_s = {**(m.stage_s or {}), "cross_check_s": round(time.perf_counter() - t0, 4)}
 
 
 def measured_fields(
@@ -191,6 +212,10 @@ def measured_fields(
     if not _has_samples(measured):
         return {**base, "status": "error", "reason": "the measurement produced no timing samples"}
     clocks = Clocks.from_json({k: measured.pop(k) for k in Clocks.KEYS if k in measured})
+    if measured.get("cross_check") is None:
+        from dskbench.measure.cross_check import skipped
+
+        measured["cross_check"] = skipped(no_cross_check(opts, prep.device))
     timing = Timing.from_json({**measured, "mode": opts.mode, "input_sets": measured.get("n_sets", 1)})
     if why:  # kept for the reader to see; no metrics: they would be computed from an impossible median
         return {
@@ -250,7 +275,20 @@ def measure_settings(opts: SweepOptions) -> Any:
         settings = dataclasses.replace(settings, flush_kind=opts.flush)
     if opts.stopping != settings.stopping:
         settings = dataclasses.replace(settings, stopping=opts.stopping)
+    if opts.cross_check and opts.device == "cuda":
+        settings = dataclasses.replace(settings, cross_check=True)
     return settings
+
+
+def no_cross_check(opts: SweepOptions, device: str) -> str:
+    """Why a record timed without a second timer has none."""
+    if not opts.cross_check:
+        from dskbench.measure.cross_check import SKIPPED_BY_OPTION
+
+        return SKIPPED_BY_OPTION
+    if device != "cuda":
+        return "a CPU run: wall-clock timing has no second timer"
+    return "not cross-checked"
 
 
 def _rotation_sets(prep: Prepared) -> list:

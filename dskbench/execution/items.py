@@ -67,6 +67,7 @@ class SweepOptions:
     stopping: str = "median-ci"  # the stopping policy (dskbench.measure.stopping)
     measure_ceilings: bool = True
     batch: bool = True  # cold cases sampled together, timed by CUPTI (execution/batching.py)
+    cross_check: bool = True  # each case read briefly by the other timer too (measure/cross_check.py)
     dedupe: bool = True  # measure twins once, their records copy it (dskbench.execution.twins)
     gpus: int = (
         1  # >1: shard the items over this many GPUs, one worker process each (dskbench/execution/shard.py)

@@ -176,6 +176,8 @@ def repro_command(rec: Mapping[str, Any], settings: Mapping[str, Any] | None) ->
         args.append("--no-multicast")
     if settings.get("batch") is False:
         args.append("--no-batch")
+    if settings.get("cross_check") is False:
+        args.append("--no-cross-check")
     seed = settings.get("run_seed", settings.get("seed"))
     if seed is not None:
         args += ["--seed", str(seed)]

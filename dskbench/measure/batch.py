@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dskbench.measure import nvml
+from dskbench.measure import cross_check, nvml
 from dskbench.measure.batch_spans import MARKER, ChunkMismatch, per_case, split_groups
 from dskbench.measure.cuda import ClockReader
 from dskbench.measure.cuda_timer import l2_bytes
@@ -136,6 +136,26 @@ def _capture(launch: Callable[[], Any], flush: Callable[[], None]) -> torch.cuda
     return g
 
 
+def _flush_graph(flush: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """One graph of the flush alone, uploaded: the event cross-check's other half of a pair."""
+    g = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            flush()
+    except Exception:
+        torch.cuda.set_stream(stream)
+        torch.cuda.synchronize()
+        raise
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def _clock(index: int) -> cross_check.CudaClock:
+    return cross_check.CudaClock(index)
+
+
 class BatchCase:
     """One case of a batch: its graphs (one per input set), stopper and GPU time used so far."""
 
@@ -214,6 +234,8 @@ def measure_batch(
         t_done = time.perf_counter()
         torch.cuda.synchronize()
         clocks_after = nvml.read_clocks(index)
+        checks = cross_checks(cases, flush, index, settings) if settings.cross_check else None
+        t_checked = time.perf_counter()
     throttled, reasons, during = nvml.judge(clocks.reads)
     n = max(len(cases), 1)
     shares = {
@@ -221,6 +243,8 @@ def measure_batch(
         "prepare_s": (t_sampling - t_capture) / n,
         "sampling_s": (t_done - t_sampling) / n,
     }
+    if checks is not None:
+        shares["cross_check_s"] = (t_checked - t_done) / n
     for i, c in cases.items():
         if not c.stopper.samples:
             out[i] = "CUPTI gave no samples of it"
@@ -247,10 +271,39 @@ def measure_batch(
             raw_samples=c.raw[: len(c.stopper.samples)],
             stage_s=shares,
         )
+        if checks is not None:
+            m.cross_check = cross_check.cross_of(
+                m.to_dict(), cross_check.EVENTS, checks.get(i, []), settings.launch_gap_us, "cold"
+            )
         out[i] = m
         for g in c.graphs:
             g.reset()
     return out
+
+
+def cross_checks(
+    cases: dict[int, BatchCase], flush: Callable[[], None], index: int, settings: MeasureSettings
+) -> dict[int, list[float]]:
+    """The event timer's raw samples of each case that has samples (dskbench.measure.cross_check): its own
+    [flush, launch] graph replayed in pairs with one graph of the flush alone, captured here once for
+    the whole batch. Nothing (every case then says why) when that graph cannot be captured."""
+    try:
+        g = _flush_graph(flush)
+    except Exception:  # noqa: BLE001 - no cross-check rather than no timing
+        return {}
+    mine = [(i, c) for i, c in cases.items() if c.stopper.samples]
+    try:
+        got = cross_check.event_pairs([(c.graphs[0], c.est_us) for _, c in mine], g, _clock(index))
+    except Exception:  # noqa: BLE001 - the timings stand without their cross-check
+        torch.cuda.synchronize()
+        return {}
+    finally:
+        g.reset()
+    if settings.cooldown > 0:
+        time.sleep(
+            settings.cooldown * sum(2 * len(s) * c.est_us for (_, c), s in zip(mine, got, strict=True)) * 1e-6
+        )
+    return {i: s for (i, _), s in zip(mine, got, strict=True)}
 
 
 def _early_note(c: BatchCase) -> list[str]:

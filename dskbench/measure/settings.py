@@ -48,6 +48,10 @@ class MeasureSettings:
     # against: dskbench/analysis/noise_prior.json), so a 2% interval leaves its verdicts as they are
     # while a 1% one costs four times the samples. () keeps target_noise everywhere.
     band_noise: tuple[tuple[float, float], ...] = ((100.0, 0.02),)
+    # Read each measured case briefly with the other timer too (dskbench.measure.cross_check): the
+    # batched timer does it itself, the engine after a per-case measurement (cupti_pass). A sweep turns
+    # it on (`--no-cross-check` leaves it off); asv, calibration and the ceilings do not.
+    cross_check: bool = False
 
     def __post_init__(self) -> None:
         if self.flush_kind not in ("write", "read"):
@@ -110,6 +114,8 @@ class Measurement:
     stopping: dict[str, Any] | None = None  # the stopping policy: {"name": ..., <its parameters>}
     # wall seconds of the measurement's stages: warmup_s, prepare_s (calibration, graph capture), sampling_s
     stage_s: dict[str, float] | None = None
+    # the second timer's view (dskbench.measure.cross_check): {method, median_us, ratio, agrees, ...}
+    cross_check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

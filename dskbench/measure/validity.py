@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from dskbench.measure.cross_check import gross
 from dskbench.measure.stats import CI_MIN_SAMPLES
 
 # A raw median (before the launch gap is subtracted) may dip below 0 by a rounding of the CUDA event
@@ -79,6 +80,12 @@ def problems(timing: Any) -> list[str]:
     # definition; with more, inf or NaN means the median's interval could not be taken of the samples.
     if _number(noise) and (math.isnan(noise) or (math.isinf(noise) and _number(n) and n >= CI_MIN_SAMPLES)):
         out.append(f"noise {noise} over {int(n) if _number(n) else '?'} samples")
+    # The second timer read more than twice, or less than half, what this one did, beyond the band the
+    # two normally keep (dskbench.measure.cross_check): one of them is not timing the kernel, and nothing
+    # says which. A smaller disagreement only flags the record.
+    cc = _get(timing, "cross_check")
+    if cc is not None and (why := gross(cc)):
+        out.append(why)
     return out
 
 

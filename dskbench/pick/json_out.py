@@ -7,7 +7,7 @@ from typing import Any
 
 from dskbench.pick.choose import Cell, Outcome, Pick, RowPick, Total
 from dskbench.pick.index import batch_var
-from dskbench.pick.tables import RULE
+from dskbench.pick.tables import RULE, disagreements
 
 SCHEMA = "dskbench.pick/1"
 
@@ -119,6 +119,7 @@ def render_json(p: Pick) -> dict[str, Any]:
             },
             "layer_counts": dict(pp.picker.dep.layer_counts),
             "unassigned": pp.unassigned,
+            "timers_disagree": disagreements(pp),
         }
     return {
         "schema": SCHEMA,

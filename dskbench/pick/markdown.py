@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dskbench.pick.choose import Pick
 from dskbench.pick.index import batch_var
-from dskbench.pick.tables import RULE, details, launch_notes, tables, total_text
+from dskbench.pick.tables import RULE, details, disagreements, launch_notes, tables, total_text
+
+DISAGREE_NOTE = (
+    "A second timer read these outside the band the two timers normally keep (docs/measurement.md): the "
+    "pick uses their recorded numbers, but one of the timers may not be timing the kernel alone."
+)
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -50,6 +55,9 @@ def render_markdown(p: Pick) -> str:
             out.append("")
         if pp.unassigned:
             out += ["### Results no row uses", "", "; ".join(pp.unassigned), ""]
+        if found := disagreements(pp):
+            out += ["### Picked results whose timers disagree", "", DISAGREE_NOTE, ""]
+            out += [f"- {line}" for line in found] + [""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -70,5 +78,9 @@ def render_summary(p: Pick, written: list[str]) -> str:
         v = batch_var(pp.phase)
         width = max(len(f"{v}={e.batch}") for e in pp.estimates)
         out += [f"  {f'{v}={e.batch}':<{width}}  {total_text(e.step)}" for e in pp.estimates]
+        if found := disagreements(pp):
+            out.append(
+                f"  {len(found)} picked results of {pp.phase} have timers that disagree (see the pick's files)"
+            )
     out += ["", "Wrote " + ", ".join(written)]
     return "\n".join(out) + "\n"

@@ -3,10 +3,10 @@ templates/pick.html.j2 with the stylesheet every dskbench page shares."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dskbench.pick.choose import PhasePick, Pick
-from dskbench.pick.tables import RULE, details, launch_notes, tables
+from dskbench.pick.tables import RULE, details, disagreements, launch_notes, tables
 from dskbench.report.templating import render_page
 
 
@@ -25,6 +25,7 @@ class PhaseView:
     tables: list[HtmlTable]
     details: list[tuple[str, list[str]]]
     unassigned: list[str]
+    disagree: list[str] = field(default_factory=list)  # picked results whose timers disagree
 
 
 def cell_class(text: str) -> str:
@@ -45,7 +46,7 @@ def phase_view(pp: PhasePick) -> PhaseView:
     for title, head, rows, note in tables(pp, pp.picker.dep.layer_counts):
         cells = [(r[0], [(x, cell_class(x)) for x in r[1:]]) for r in rows]
         out.append(HtmlTable(title, head, cells, note))
-    return PhaseView(pp.phase, True, out, details(pp), pp.unassigned)
+    return PhaseView(pp.phase, True, out, details(pp), pp.unassigned, disagreements(pp))
 
 
 def render_html(p: Pick) -> str:

@@ -264,3 +264,22 @@ def launch_notes(launch: Launch) -> list[str]:
             + "."
         )
     return out
+
+
+def disagreements(pp: PhasePick) -> list[str]:
+    """The picked records (every part of each row's winner at each batch) whose two timers disagree: their
+    numbers stand, but a second timer read them outside the normal band (dskbench.measure.cross_check)."""
+    seen: dict[tuple, str] = {}
+    for rp in pp.rows:
+        for cell in rp.cells.values():
+            win = cell.winner
+            for part in win.parts if win is not None else ():
+                m = part.chosen
+                if m is not None and m.stat.disagree:
+                    v = "T" if "T" in (m.record.get("point") or {}) else batch_var(pp.phase)
+                    seen.setdefault(
+                        (m.kernel, m.backend, m.op, m.variant, m.batch, m.kv_len),
+                        f"{m.kernel} · {m.backend} · {m.op}{':' + m.variant if m.variant else ''} at "
+                        f"{v}={m.batch}: {m.stat.disagree}",
+                    )
+    return list(seen.values())

@@ -11,7 +11,7 @@ Size stays proportional to the results (about 0.6 kB per result record): each ke
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dskbench.analysis.over_peak import OverPeak, over_peak
@@ -19,6 +19,7 @@ from dskbench.report import svg
 from dskbench.report.kernel_view import KernelView, kernel_view, short_case
 from dskbench.report.model import (
     CPU_NOTE,
+    DISAGREE_MARK,
     History,
     Machine,
     category_of,
@@ -28,10 +29,12 @@ from dskbench.report.model import (
     slug,
 )
 from dskbench.report.tables import (
+    Disagreement,
     Overview,
     PeakRow,
     Problem,
     SummaryRow,
+    disagreements,
     environment_facts,
     invalid,
     overview,
@@ -68,6 +71,7 @@ class MachineView:
     kernels: list[KernelView]
     unmeasured: list[Unmeasured]
     invalid: list[tuple[str, Problem]]  # (kernel, unstable cases of one backend and reason)
+    disagree: list[Disagreement] = field(default_factory=list)  # ok results whose timers disagree
 
     @property
     def n_invalid(self) -> int:
@@ -143,6 +147,7 @@ def render(
         cpu_note=CPU_NOTE,
         statuses=STATUS_ORDER,
         kernel_anchor=kernel_anchor,
+        disagree_mark=DISAGREE_MARK,
     )
 
 
@@ -173,6 +178,7 @@ def machine_view(
         kernels=[kernel_view(m, k, categories, colors, hist.get((m.name, k)), threshold) for k in measured],
         unmeasured=[_unmeasured(m, k, categories) for k in m.kernels() if k not in measured],
         invalid=invalid(m),
+        disagree=disagreements(m),
     )
 
 

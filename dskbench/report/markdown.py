@@ -9,6 +9,7 @@ from dskbench.analysis.compare import format_number
 from dskbench.analysis.over_peak import over_peak
 from dskbench.report.model import (
     CPU_NOTE,
+    DISAGREE_MARK,
     History,
     Machine,
     category_of,
@@ -18,6 +19,7 @@ from dskbench.report.model import (
     status_counts,
 )
 from dskbench.report.tables import (
+    disagreements,
     environment_facts,
     fmt_num,
     fmt_pct,
@@ -87,6 +89,7 @@ def _machine(m: Machine, categories: Mapping[str, str] | None, threshold: float)
     )
     out += _overview(m, categories)
     out += _invalid(m)
+    out += _disagreements(m)
     hist = {k: history(m, k) for k in m.kernels()}
     out += _changes(hist, threshold)
     unmeasured = [k for k in m.kernels() if is_unmeasured(m.records(k))]
@@ -164,6 +167,24 @@ def _invalid(m: Machine) -> list[str]:
     return out + [""]
 
 
+def _disagreements(m: Machine) -> list[str]:
+    """Every ok result whose second timer disagreed: kept and shown, its number marked."""
+    found = disagreements(m)
+    if not found:
+        return []
+    out = [
+        f"### Timers disagree ({len(found)})",
+        "",
+        f"Each case is read briefly by a second timer (CUDA events for a case CUPTI timed, CUPTI for one "
+        f"the events timed). These read outside the band the two normally keep: the number stands, marked "
+        f"{DISAGREE_MARK}, but one of the timers may not be timing the kernel alone (docs/measurement.md).",
+        "",
+    ]
+    for d in found:
+        out.append(f"- **{d.kernel}** · {d.backend} · {d.case_id} · {fmt_num(d.median)} µs — {d.note}")
+    return out + [""]
+
+
 def _changes(hist: dict[str, History | None], threshold: float) -> list[str]:
     rows = []
     labels = None
@@ -217,7 +238,7 @@ def _kernel(m: Machine, kernel: str, categories, h: History | None, threshold: f
                 + [
                     str(r.rec["point"].get(p.x_var, "")),
                     f"**{r.backend}** ★" if r.fastest else r.backend,
-                    fmt_num(r.median),
+                    fmt_num(r.median) + (f" {DISAGREE_MARK}" if r.disagree else ""),
                     spread,
                     fmt_num(r.gbps),
                     fmt_num(r.tflops) if r.tflops else "–",

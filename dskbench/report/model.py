@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from dskbench.analysis.compare import natural_key
+from dskbench.analysis.compare import DISAGREE_MARK, natural_key  # noqa: F401 - the report's mark too
 from dskbench.analysis.compare_inputs import aggregate, stat_from_record
 from dskbench.analysis.verdict import Stat, judge
 from dskbench.results.access import part_of, rate
@@ -294,10 +294,23 @@ def tflops(rec: dict[str, Any]) -> float | None:
     return rate(rec, "tflops")
 
 
+def disagreement(rec: Mapping[str, Any]) -> str | None:
+    """Why the record's two timers disagree (its cross-check outside the band), or None: they agree, or
+    it was not cross-checked (skipped, or written before cross-checks)."""
+    t = part_of(rec, "timing")
+    cc = t.cross_check if t is not None else None
+    if cc is None or not cc.flagged:
+        return None
+    return cc.note or f"{cc.method} ratio {cc.ratio}"
+
+
 def flags(rec: dict[str, Any]) -> list[str]:
-    """Warnings that qualify a number: throttled clocks, a measurement that did not converge."""
+    """Warnings that qualify a number: throttled clocks, a measurement that did not converge, timers
+    that disagree."""
     out = []
     clocks, t = part_of(rec, "clocks"), part_of(rec, "timing")
+    if why := disagreement(rec):
+        out.append(f"timers disagree: {why}")
     if clocks and clocks.throttled:
         reasons = ", ".join(str(r) for r in clocks.throttle_reasons or []) or "clocks"
         out.append(f"throttled ({reasons})")

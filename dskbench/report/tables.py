@@ -13,6 +13,7 @@ from dskbench.report.model import (
     Machine,
     Panel,
     category_of,
+    disagreement,
     flags,
     gbps,
     is_plan_skip,
@@ -60,6 +61,7 @@ class Row:
     pct_flops: float | None
     flags: list[str]
     fastest: bool = False
+    disagree: str = ""  # the two timers disagree: why (its number carries model.DISAGREE_MARK)
 
 
 def panel_rows(panel: Panel) -> list[Row]:
@@ -83,6 +85,7 @@ def panel_rows(panel: Panel) -> list[Row]:
                     bw,
                     fl,
                     flags(r),
+                    disagree=disagreement(r) or "",
                 )
             )
     rows.sort(key=lambda r: (r.x, r.median))
@@ -147,6 +150,30 @@ def invalid(machine: Machine) -> list[tuple[str, Problem]]:
         for p in problems(machine.records(kernel))
         if p.status == "unstable"
     ]
+
+
+@dataclass
+class Disagreement:
+    """An ok record whose second timer read it outside the normal band (dskbench.measure.cross_check)."""
+
+    kernel: str
+    backend: str
+    case_id: str
+    median: float | None
+    note: str
+
+
+def disagreements(machine: Machine) -> list[Disagreement]:
+    """Every latest ok record of the machine whose two timers disagree, in kernel and case order."""
+    out = []
+    for kernel in machine.kernels():
+        for r in machine.records(kernel):
+            if r["status"] == "ok" and (why := disagreement(r)):
+                median = (r.get("timing") or {}).get("median_us")
+                out.append(
+                    Disagreement(kernel, r["backend"]["name"], str(r.get("case_id") or kernel), median, why)
+                )
+    return out
 
 
 @dataclass

@@ -15,6 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
+from dskbench.results.part import Part, RecordError
+from dskbench.results.part import always as _always
+from dskbench.results.part import extra_field as _extra
+from dskbench.results.part import finite as _finite
+from dskbench.results.part import optional as _optional
+from dskbench.results.part import required as _required
+
 SCHEMA = "dskbench.results/1"
 # unstable: checked and timed, but the timing is impossible (dskbench.measure.validity), twice: kept
 # for the reader to see, never used as a number
@@ -22,56 +29,7 @@ STATUSES = ("ok", "wrong", "skipped", "error", "unstable")
 TIMED = ("ok", "unstable")  # the statuses whose record carries a timing
 
 
-class RecordError(ValueError):
-    """A record that breaks the schema's rules (the message says which)."""
-
-
-def _always(doc: str, default: Any = None) -> Any:
-    """A field written on every record, null when unknown."""
-    return field(default=default, metadata={"doc": doc})
-
-
-def _optional(doc: str) -> Any:
-    """A field written only when set."""
-    return field(default=None, metadata={"doc": doc, "omit_none": True})
-
-
-def _required(doc: str) -> Any:
-    return field(metadata={"doc": doc})
-
-
-def _extra() -> Any:
-    return field(default_factory=dict, metadata={"doc": "keys this version does not know, kept as read"})
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-class Part:
-    """A nested object of a record: its known fields, plus `extra` for the keys it does not know."""
-
-    extra: Mapping[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):  # type: ignore[arg-type]
-            v = getattr(self, f.name)
-            if f.name == "extra" or (v is None and f.metadata.get("omit_none")):
-                continue
-            out[f.name] = v
-        return {**out, **self.extra}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Any:
-        if not isinstance(d, Mapping):
-            raise RecordError(f"{cls.__name__} must be a JSON object, not {type(d).__name__}")
-        names = {f.name for f in fields(cls)} - {"extra"}  # type: ignore[arg-type]
-        known = {k: v for k, v in d.items() if k in names}
-        try:
-            return cls(**known, extra={k: v for k, v in d.items() if k not in names})
-        except TypeError as e:  # a required key missing
-            raise RecordError(f"{cls.__name__}: {e}") from None
+__all__ = ["Part", "RecordError"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +117,31 @@ class Traffic(Part):
 
 
 @dataclass(frozen=True)
+class CrossCheck(Part):
+    """A second timer's view of the same case (dskbench.measure.cross_check): CUDA events for a case CUPTI
+    timed, CUPTI for one the events timed; both medians before any launch-gap correction. Outside its
+    band the record is flagged (agrees false), its status kept; beyond 2x either way it is unstable."""
+
+    method: str | None = _always("cuda-events or cupti: the second timer; null when none ran (skipped says why)")
+    agrees: bool | None = _always("the ratio lies in its band; null when not cross-checked")
+    median_us: float | None = _optional("the second timer's median per launch (no gap subtracted)")
+    main_us: float | None = _optional("the record's own median before the launch gap was subtracted")
+    ratio: float | None = _optional("main_us / median_us")
+    band: list[float | None] | None = _optional("[lo, hi]: the ratio's normal range (null: unbounded)")
+    overhead_us: float | None = _optional("the event timer's per-launch overhead over CUPTI the band allows")
+    samples: int | None = _optional("the second timer's samples")
+    note: str | None = _optional("why the timers disagree")
+    via: str | None = _optional("how the CUPTI pass launched the case, when not from a graph")
+    skipped: str | None = _optional("why there is no cross-check (turned off, no CUPTI, a CPU run)")
+    extra: Mapping[str, Any] = _extra()
+
+    @property
+    def flagged(self) -> bool:
+        """The timers disagree beyond their normal band."""
+        return self.agrees is False
+
+
+@dataclass(frozen=True)
 class Timing(Part):
     """The measurement core's result for one case; times per launch in microseconds."""
 
@@ -191,13 +174,31 @@ class Timing(Part):
     input_sets: int | None = _optional("input sets of the case (rotate mode: several)")
     rank: int | None = _optional("collectives: the slowest rank, whose timing this is")
     stopping: dict[str, Any] | None = _optional("the stopping policy: {name, its parameters}")
+    cross_check: CrossCheck | None = _optional(
+        "a second timer's view (results files written before it have none: not cross-checked)"
+    )
     extra: Mapping[str, Any] = _extra()
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        if self.cross_check is not None:
+            out["cross_check"] = self.cross_check.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Any:
+        t = super().from_json(d)
+        if isinstance(t.cross_check, Mapping):
+            t = replace(t, cross_check=CrossCheck.from_json(t.cross_check))
+        return t
 
     def __post_init__(self) -> None:
         if self.stopping is not None and not (
             isinstance(self.stopping, Mapping) and isinstance(self.stopping.get("name"), str)
         ):
             raise RecordError(f"timing.stopping must be an object with a name, not {self.stopping!r}")
+        if self.cross_check is not None and not isinstance(self.cross_check, CrossCheck | Mapping):
+            raise RecordError(f"timing.cross_check must be an object, not {self.cross_check!r}")
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,7 @@ class Stages(Part):
     warmup_s: float | None = _optional("warm-up launches before anything is timed")
     prepare_s: float | None = _optional("launch-count calibration and CUDA graph capture")
     sampling_s: float | None = _optional("the timed batches, until the stopping policy stops")
+    cross_check_s: float | None = _optional("the second timer's brief reading (its share of a batch's)")
     measure_s: float | None = _optional("the whole measurement (warm-up, prepare, sampling, bookkeeping)")
     item_s: float | None = _optional("the whole case, set-up and clean-up included")
     other_s: float | None = _optional("item_s less the stages above (record keeping, clean-up)")

@@ -22,6 +22,7 @@ from dskbench.results.records import (
     SCHEMA,
     STATUSES,
     BackendInfo,
+    CrossCheck,
     Environment,
     Identity,
     ResultRecord,
@@ -138,6 +139,7 @@ def results_schema() -> dict[str, Any]:
     env["required"] = ["record", "schema", *env["required"]]
     defs = {"EnvironmentRecord": env, "ResultRecord": _result(), "BackendInfo": _object(BackendInfo)}
     defs.update({cls.__name__: _object(cls) for cls in PARTS.values()})
+    defs["CrossCheck"] = _object(CrossCheck)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": f"dskbench results record ({SCHEMA})",

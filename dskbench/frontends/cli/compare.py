@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dskbench.analysis.compare import Comparison, compare, own_prior
+from dskbench.analysis.compare import DISAGREE_MARK, Comparison, compare, own_prior
 from dskbench.analysis.compare_inputs import Side, load_side
 from dskbench.analysis.noise import Prior, PriorError, load_prior
 from dskbench.analysis.verdict import DEFAULT_THRESHOLD, default_prior
@@ -257,6 +257,13 @@ def cli_compare(
     if lines:
         print("by kernel (each measurement once):")
         print("\n".join(lines))
+    lines = result.disagreements()
+    if lines:
+        print(
+            f"timers disagree ({len(lines)}, marked {DISAGREE_MARK}: a second timer read the case outside "
+            "the normal band; verdicts still use the recorded numbers):"
+        )
+        print("\n".join(lines[:40] + ([f"  ... and {len(lines) - 40} more"] if len(lines) > 40 else [])))
     floors = result.floors()
     if floors:
         print("noise floors used: " + ", ".join(f"{k} {n}" for k, n in floors.most_common()))

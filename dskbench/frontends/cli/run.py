@@ -60,6 +60,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "timed by CUPTI, where the profiler works)",
     )
     run.add_argument(
+        "--no-cross-check",
+        action="store_true",
+        help="skip the second timer's brief reading of each case (default: a case CUPTI timed is also "
+        "read with CUDA events, one the events timed with CUPTI, and a disagreement flags the record)",
+    )
+    run.add_argument(
         "--no-dedupe",
         action="store_true",
         help="measure every op's case, also where another op has the same kernel, backend and shape",
@@ -159,6 +165,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         stopping=args.stopping,
         dedupe=not args.no_dedupe,
         batch=not args.no_batch,
+        cross_check=not args.no_cross_check,
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
