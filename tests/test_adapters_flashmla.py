@@ -245,6 +245,8 @@ def test_traffic_models():
     p = get_adapter("flash_mla_sparse_fwd").traffic(_prefill_case(t=8, reqs=2, nh=4, topk=2))
     kept = 2 * (1 + 2 + 2 + 2)
     assert p.flops == 2 * 4 * kept * (576 + 512)
+    # each of the 8 tokens' KV rows once (not once per attending query), the index rows, q and out
+    assert p.bytes == 8 * 576 * 2 + 8 * 2 * 4 + 8 * 4 * (576 + 512) * 2
 
 
 def test_pick_weighs_flashmla_beside_the_other_mla_decode_backends():
