@@ -55,7 +55,7 @@ if [ "$DSKBENCH_GPU" = 1 ]; then
         mapfile -d '' warm < <(python3 -m dskbench.setup.mainjob warm-args "$@")
     fi
     next_stage warm
-    step python3 -m dskbench warm --gpus all "${warm[@]}"
+    step python3 -m dskbench warm --gpus all --quick "${warm[@]}"
 fi
 next_stage measure
 status=0

@@ -170,7 +170,7 @@ def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_
         "registry generate --check",
         "dskbench.setup.stack cuda",
         "mainjob eta",
-        "dskbench warm --gpus all --sweep decode",
+        "dskbench warm --gpus all --quick --sweep decode",  # the quick profile's shapes only
         "dskbench run --quick --out",
         "dskbench report",
     )

@@ -127,3 +127,21 @@ def test_cli_warm_writes_json_and_rejects_bad_input(monkeypatch, tmp_path, capsy
     assert cli.main(["warm", "--device", "cpu", "--jobs", "0"]) == cli.EXIT_USAGE
     assert cli.main(["warm", "--device", "cpu", "--gpus", "2"]) == cli.EXIT_USAGE
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_warm_quick_builds_for_the_quick_profile_and_the_plan_shrinks():
+    """The main job times `run --quick`: its warm-up builds for those shapes, not the full profile's."""
+    from dskbench.execution.items import SweepOptions
+    from dskbench.execution.runner import plan_sweep
+    from dskbench.frontends.cli.common import registry_and_shapes
+    from dskbench.frontends.cli.warm import warm_profile
+
+    assert warm_profile("cuda", True) == "quick" and warm_profile("cuda", False) == "full"
+    assert warm_profile("cpu", True) == "cpu"
+    reg, shapes = registry_and_shapes()
+    per_shape = lambda k, b: b == "sglang_triton"  # noqa: E731 - Triton compiles per shape
+    sizes = {}
+    for profile in ("quick", "full"):
+        items, _ = plan_sweep(dict(reg), shapes, ["fp8_scaled_mm"], None, SweepOptions(profile=profile))
+        sizes[profile] = len(warm.warm_items(items, per_shape=per_shape))
+    assert 0 < sizes["quick"] < sizes["full"] / 2

@@ -24,6 +24,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     wm.add_argument("--sweep", action="append", choices=(*SWEEPS, "all"), help="default: decode and prefill")
     wm.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if present, else cpu references")
     wm.add_argument(
+        "--quick",
+        action="store_true",
+        help="build for the quick profile's shapes only (what `dskbench run --quick` meets)",
+    )
+    wm.add_argument(
         "--tp",
         type=types.positive_ints,
         help="tensor-parallel degrees (default: 1,4,8, those the profile sweeps)",
@@ -85,6 +90,14 @@ def command(args: argparse.Namespace) -> int:
     return code
 
 
+def warm_profile(device: str, quick: bool) -> str:
+    """The profile whose shapes warm builds for: a CPU's references, or the GPU sweep `run` will time
+    (`--quick`: the quick one, whose per-shape compiles are about a third of the full profile's)."""
+    if device == "cpu":
+        return "cpu"
+    return "quick" if quick else "full"
+
+
 def _warm(args: argparse.Namespace) -> int:
     from dskbench.execution.config import RunConfig
     from dskbench.execution.items import DEFAULT_TP, SweepOptions
@@ -106,7 +119,7 @@ def _warm(args: argparse.Namespace) -> int:
     options = SweepOptions(
         device=device,
         phases=tuple(common.sweeps(args.sweep)),
-        profile="cpu" if device == "cpu" else "full",
+        profile=warm_profile(device, args.quick),
         tp=args.tp or DEFAULT_TP,
         seed=0,
         measure_ceilings=False,
