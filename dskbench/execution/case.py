@@ -16,6 +16,7 @@ from dskbench.device.info import DeviceInfo
 from dskbench.execution import shared_gpu
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
+from dskbench.execution.reference_cache import REFERENCES
 from dskbench.results.records import BackendInfo, Check, Clocks, Identity, Metrics, Stages, Timing, Traffic
 from dskbench.shapes.cases import Case
 
@@ -96,7 +97,11 @@ def prepare_case(
 
     inputs = adapter.make_inputs(case, dev, seed)
     lap("inputs_s")
-    ref = adapter.reference(inputs, case)
+    ref_key = (kernel, case.id, seed, dev)
+    ref = REFERENCES.get(ref_key)
+    if ref is None:
+        ref = adapter.reference(inputs, case)
+        REFERENCES.put(ref_key, ref)
     lap("reference_s")
     launch = backend.bind(resolved.fn, inputs, case)
     lap("bind_s")
@@ -125,9 +130,7 @@ def prepare_item(
     if opts.host_gpus and opts.host_gpus > device.count:  # a shard's worker sees one GPU of several
         device = dataclasses.replace(device, count=opts.host_gpus)
     case = Case.from_json(item.case)
-    base, prep = prepare_case(
-        item.kernel, case, item.backend, device, case_seed(run_seed, case.id, item.backend)
-    )
+    base, prep = prepare_case(item.kernel, case, item.backend, device, case_seed(run_seed, case.id))
     base["category"] = item.category
     if prep is not None and opts.warm_only:  # the JIT build happened in the first launch
         return {**base, "status": "ok"}, None

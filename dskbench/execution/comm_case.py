@@ -82,7 +82,7 @@ def run_case(adapter, backend, setup, case, ctx, agree, args, run_seed: int) -> 
     from dskbench.execution.items import case_seed
     from dskbench.measure.collective import measure_collective
 
-    seed = case_seed(run_seed, case.id, backend.name)
+    seed = case_seed(run_seed, case.id)
     base: dict[str, Any] = {"seed": seed}
     dev = str(ctx.device)
     cuda = ctx.device.type == "cuda"

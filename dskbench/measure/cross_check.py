@@ -52,7 +52,12 @@ DEFAULT_OVERHEAD_US = {"cuda-graph": 0.3, "cuda-eager-cold": 3.0, "cuda-eager-ho
 GROSS_RATIO = (0.5, 2.0)  # main / cross outside this (and outside the band): an impossible measurement
 MAX_DEVICE_US = 2000.0  # device time the second timer may take per case
 MIN_SAMPLES = 5  # the median's interval needs 5 (dskbench.measure.stats)
-MAX_EVENT_PAIRS = 16
+# Eight pairs: on an H200 sixteen cost 9-10% of a sweep's item time, most of it the host queueing the
+# replays and waiting for each case, not the device.
+MAX_EVENT_PAIRS = 8
+# Host time to queue one pair (two graph replays, two event records) that the lead sleep must cover, so
+# the first replay does not start before the last is queued (a late queue is run again behind 4x the sleep).
+QUEUE_US_PER_PAIR = 60.0
 MAX_CUPTI_LAUNCHES = 32
 SKIPPED_BY_OPTION = "turned off (--no-cross-check)"
 
@@ -210,7 +215,7 @@ def event_pairs(
     for graph, est in cases:
         n = count_for(est + est)  # a pair: the case's replay and the flush's
         got: list[float] = []
-        lead = lead_us + 30.0 * n
+        lead = lead_us + QUEUE_US_PER_PAIR * n
         for _ in range(2):
             evs = clock.events(2 * n + 1)
             clock.sleep(lead)
