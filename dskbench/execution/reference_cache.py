@@ -1,9 +1,10 @@
 """The last case's torch reference, kept for the case's next backend.
 
 A case's backends follow each other in a plan and get the same inputs (items.case_seed), so its
-reference output is the same for all of them; computing it once saves what was about a third of a
-sweep's time per case (the references of large prefill GEMMs, MoE and attention cases take longer than
-the kernels' sampling). The kept copy is a clone taken before any backend runs: a reference may return
+reference output is the same for all of them. The torch references are the largest share of a sweep's
+time per case (those of large prefill GEMMs, MoE and attention cases take longer than the kernels'
+sampling), and a case with several backends computed the same one again for each. The kept copy is a
+clone taken before any backend runs: a reference may return
 a view of its inputs, and a backend may write its inputs in place. References larger than LIMIT_BYTES
 are not kept (a clone would double their memory on the GPU).
 """
