@@ -8,6 +8,7 @@ may list ``fallbacks`` that are tried in order, and the target that really resol
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 from collections.abc import Callable
@@ -136,7 +137,11 @@ def distribution_of(target: str) -> str | None:
     return DISTRIBUTIONS.get(top)
 
 
+@functools.cache
 def package_version(dist: str | None) -> str | None:
+    """The installed distribution's version, once per process: importlib.metadata scans every folder on
+    sys.path for it, tens of milliseconds where a large stack is installed, and every case resolves its
+    backend."""
     if not dist:
         return None
     try:
