@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 EXTRA = "tests.fake_adapters,tests.fake_shard_adapters"
 os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
@@ -31,7 +33,30 @@ def test_a_backend_that_compiles_per_shape_is_warmed_at_every_shape():
     twin = WorkItem(4, "k", "b", dict(items[3].case), "test")  # same shape again: one build
     picked = warm.warm_items([*items, twin], per_shape=lambda k, b: b == "b")
     assert [it.index for it in picked] == [0, 1, 3]  # "a" once; "b" at T=1 and at T=8
+    assert [it.checked for it in picked] == [True, True, False]  # b's later shape: built, not checked
     assert warm.builds_per_shape("fake_ok", "fake") is False  # the fakes are torch: one build
+
+
+def test_an_unchecked_item_is_launched_without_its_reference(monkeypatch):
+    """A warm-up's later shape: inputs, bind and one launch; no reference computed, no check."""
+    import dataclasses
+
+    from dskbench.adapters import get_adapter
+    from dskbench.execution import case as case_mod
+    from dskbench.execution.reference_cache import REFERENCES
+
+    plan_opts = SweepOptions(device="cpu", phases=("decode",), profile="cpu")
+    item = plan_sweep({"fake_ok": _entry("fake_ok")}, default_shapes(), ["fake_ok"], ["fake"], plan_opts)[0][
+        0
+    ]
+    adapter = get_adapter("fake_ok")
+    monkeypatch.setattr(case_mod, "get_adapter", lambda name: adapter)
+    monkeypatch.setattr(adapter, "reference", lambda inputs, case: pytest.fail("reference computed"))
+    REFERENCES.clear()
+    opts = SweepOptions(device="cpu", profile="cpu", warm_only=True, measure_ceilings=False)
+    fields = execute_item(dataclasses.replace(item, checked=False), DeviceInfo("cpu"), opts, 0, None)
+    assert fields["status"] == "ok" and "check" not in fields and "reference_s" not in fields["stages"]
+    assert fields["stages"]["first_launch_s"] >= 0
 
 
 def test_default_jobs_is_half_the_cores_within_memory():

@@ -57,9 +57,10 @@ class Prepared:
 
 
 def prepare_case(
-    kernel: str, case: Case, backend_name: str, device: DeviceInfo, seed: int
+    kernel: str, case: Case, backend_name: str, device: DeviceInfo, seed: int, check: bool = True
 ) -> tuple[dict[str, Any], Prepared | None]:
-    """Gate, resolve, build inputs, run once and check against the reference.
+    """Gate, resolve, build inputs, run once and check against the reference (`check` False: run once
+    only, as a JIT warm-up does; nothing it returns is timed).
 
     Returns the record fields so far and a Prepared case; None when the fields already say why the
     case stops here (status skipped or wrong). Exceptions propagate (the caller records them).
@@ -97,6 +98,13 @@ def prepare_case(
 
     inputs = adapter.make_inputs(case, dev, seed)
     lap("inputs_s")
+    if not check:  # a warm-up: bind and launch once (the JIT build), no reference
+        launch = backend.bind(resolved.fn, inputs, case)
+        lap("bind_s")
+        launch()
+        lap("first_launch_s")
+        base["stages"] = stages
+        return base, Prepared(adapter, backend, resolved, case, inputs, launch, traffic, dev, seed)
     ref_key = (kernel, case.id, seed, dev)
     ref = REFERENCES.get(ref_key)
     if ref is None:
@@ -130,7 +138,9 @@ def prepare_item(
     if opts.host_gpus and opts.host_gpus > device.count:  # a shard's worker sees one GPU of several
         device = dataclasses.replace(device, count=opts.host_gpus)
     case = Case.from_json(item.case)
-    base, prep = prepare_case(item.kernel, case, item.backend, device, case_seed(run_seed, case.id))
+    base, prep = prepare_case(
+        item.kernel, case, item.backend, device, case_seed(run_seed, case.id), check=item.checked
+    )
     base["category"] = item.category
     if prep is not None and opts.warm_only:  # the JIT build happened in the first launch
         return {**base, "status": "ok"}, None

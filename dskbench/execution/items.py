@@ -20,6 +20,9 @@ class WorkItem:
     backend: str
     case: dict[str, Any]
     category: str | None = None
+    # False: run once unchecked (no torch reference): a warm-up's later shapes of a backend that compiles
+    # per shape, which build its kernel again and have nothing new to check before the sweep does
+    checked: bool = True
 
     @property
     def case_id(self) -> str:

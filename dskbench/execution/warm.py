@@ -5,13 +5,15 @@ sweep compiles one module after another, in the order it meets them. The compile
 (nvcc through FlashInfer, tvm-ffi, torch extensions; Triton), so they can run side by side. Warming
 runs one item per (kernel, backend, variant) — the one that triggers the build — and, for a backend that
 compiles per shape (Triton, CuTe DSL), one per shape, in `jobs` worker processes at once (sized by cores
-and memory), spread over the host's GPUs, the longest builds of an earlier warm-up first; each item is prepared exactly as the sweep prepares it
-(inputs, reference, bind, first launch, check) and nothing is timed. The caches they fill (FlashInfer's,
-tvm-ffi's, Triton's, torch's extension dir) are the ones the sweep then finds.
+and memory), spread over the host's GPUs, the longest builds of an earlier warm-up first. Each item is
+prepared as the sweep prepares it (inputs, reference, bind, first launch, check) and nothing is timed,
+except that a per-shape backend's later shapes are launched unchecked: they only compile again, and their
+torch references (the larger part of their time) are the sweep's work. The caches the items fill
+(FlashInfer's, tvm-ffi's, Triton's, torch's extension dir) are the ones the sweep then finds.
 
 The same engine as a sweep (dskbench/execution/: one pool, one worker protocol, one hang watch): a
 crashing build loses its item only, a hung one is killed at its case limit, and every item comes back
-with its status (a wrong result or a skip shows here already) and its first-launch seconds, the build
+with its status (a skip or a wrong result shows here already) and its first-launch seconds, the build
 time.
 """
 
@@ -71,17 +73,22 @@ def warm_items(
     """The items a sweep's compilers need: one per (kernel, backend, variant), the first in plan order
     (the smallest decode case); for a backend that compiles per shape, one per distinct shape."""
     seen: set[tuple[Any, ...]] = set()
+    built: set[tuple[Any, ...]] = set()  # (kernel, backend, variant) whose first item is already in
     shaped: dict[tuple[str, str], bool] = {}
     out = []
     for it in items:
-        key: tuple[Any, ...] = (it.kernel, it.backend, it.case.get("variant"))
+        first: tuple[Any, ...] = (it.kernel, it.backend, it.case.get("variant"))
+        key = first
         if (it.kernel, it.backend) not in shaped:
             shaped[(it.kernel, it.backend)] = per_shape(it.kernel, it.backend)
         if shaped[(it.kernel, it.backend)]:
             key += (repr(sorted((it.case.get("dims") or {}).items())),)
         if key not in seen:
             seen.add(key)
-            out.append(it)
+            # the first item of a build is checked (a wrong result shows here already); a later shape
+            # only compiles again, and its reference and check would be the sweep's work done twice
+            out.append(it if first not in built else dataclasses.replace(it, checked=False))
+            built.add(first)
     return out
 
 
@@ -140,7 +147,7 @@ class WarmResult:
     status: str
     reason: str | None
     first_launch_s: float | None  # the build (JIT compile, autotune) plus one launch
-    item_s: float | None  # the whole item: inputs, reference, bind, first launch, check
+    item_s: float | None  # the whole item: inputs, reference, bind, first launch, check (some unchecked)
 
 
 def _result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
