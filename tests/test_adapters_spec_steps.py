@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from dskbench.adapters import get_adapter
+from dskbench.adapters.speculative import assign_req_to_token_pool as AR
 from dskbench.adapters.speculative import fill_bonus_tokens as FB
 from dskbench.shapes.cases import Case, default_shapes
 
@@ -66,3 +67,48 @@ def test_bonus_case_inputs_check_and_launch():
     out = a.backends[0].bind(fake, inp, c)()
     assert fake.grid == (b,) and fake.args[3] == 4 and fake.args[0] is tokens and fake.args[1] is lens
     assert torch.equal(out, ref)
+
+
+# -- assign_req_to_token_pool ---------------------------------------------------------------------
+
+
+def test_assign_reference_by_hand():
+    # a 3-row table of width 6; request 0 (row 2) gets columns 1..2, request 1 (row 0) columns 4..5
+    table = torch.arange(18, dtype=torch.int32).view(3, 6)
+    rows, start, end = torch.tensor([2, 0]), torch.tensor([1, 4]), torch.tensor([3, 6])
+    locs = torch.tensor([100, 101, 200, 201])
+    out = AR.assign_reference(table, rows, start, end, locs)
+    assert out.tolist() == [[0, 1, 2, 3, 200, 201], [6, 7, 8, 9, 10, 11], [12, 100, 101, 15, 16, 17]]
+    assert torch.equal(table, torch.arange(18, dtype=torch.int32).view(3, 6))  # not modified
+
+
+def test_assign_case_inputs_check_and_launch():
+    a = get_adapter("assign_req_to_token_pool")
+    c = _case(a.kernel)
+    b, new, pool_len = AR.assign_dims(c)
+    assert new == 4
+    inp = a.make_inputs(c, "cpu", 4)
+    table, rows = inp["req_to_token"], inp["req_pool_indices"]
+    start, end, locs = inp["start_offset"], inp["end_offset"], inp["out_cache_loc"]
+    assert table.dtype == torch.int32 and table.shape[1] == pool_len and rows.dtype == torch.int64
+    assert len(set(rows.tolist())) == b and int(rows.min()) >= 1
+    assert bool((end - start == new).all()) and int(end.max()) <= pool_len
+    assert locs.dtype == torch.int64 and len(set(locs.tolist())) == b * new
+    ref = a.reference(inp, c)
+    assert a.check(ref.clone(), ref, c).ok
+    bad = ref.clone()
+    bad[int(rows[-1]), int(end[-1]) - 1] += 1
+    assert not a.check(bad, ref, c).ok
+    assert a.traffic(c).bytes == b * (8 + 8 + 12 * new)
+
+    def kernel(rows_, table_, start_, end_, locs_, pool_len_, bs_upper):  # the kernel, program by program
+        flat = table_.view(-1)
+        for pid in range(rows_.shape[0]):
+            off = int((end_[:pid] - start_[:pid]).sum())
+            for j in range(int(start_[pid]), int(end_[pid])):
+                flat[int(rows_[pid]) * pool_len_ + j] = locs_[off + j - int(start_[pid])]
+
+    fake = FakeKernel(kernel)
+    out = a.backends[0].bind(fake, inp, c)()
+    assert fake.grid == (b,) and fake.args[-2:] == (pool_len, 1 << (b - 1).bit_length())
+    assert out is table and torch.equal(out, ref)
