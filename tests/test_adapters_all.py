@@ -49,7 +49,6 @@ TRITON_FILE_KERNELS_WITHOUT_ADAPTER = {
     "_get_k_and_s_triton_kernel",
     "_set_k_and_s_triton_kernel",
     "create_flashinfer_kv_indices_triton",
-    "generate_draft_decode_kv_indices",
     "get_mla_kv_buffer_kernel",
 }
 

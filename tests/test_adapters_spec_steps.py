@@ -8,6 +8,7 @@ import torch
 
 from dskbench.adapters import get_adapter
 from dskbench.adapters.speculative import assign_req_to_token_pool as AR
+from dskbench.adapters.speculative import draft_decode_kv_indices as DK
 from dskbench.adapters.speculative import fill_bonus_tokens as FB
 from dskbench.shapes.cases import Case, default_shapes
 
@@ -112,3 +113,82 @@ def test_assign_case_inputs_check_and_launch():
     out = a.backends[0].bind(fake, inp, c)()
     assert fake.grid == (b,) and fake.args[-2:] == (pool_len, 1 << (b - 1).bit_length())
     assert out is table and torch.equal(out, ref)
+
+
+# -- generate_draft_decode_kv_indices -------------------------------------------------------------
+
+
+def _draft_kernel(steps, b, topk):
+    """generate_draft_decode_kv_indices' arithmetic, program (step, request, branch) by program."""
+
+    def run(rows, table, lens, indices, indptr, pos, pool_len, ind_stride, ptr_stride, *uppers_and_page):
+        flat_table, flat_ind, flat_ptr = table.view(-1), indices.view(-1), indptr.view(-1)
+        for it in range(steps):
+            iters = it + 1
+            for bid in range(b):
+                n = int(lens[bid])
+                cum = int(lens[:bid].sum())
+                for k in range(topk):
+                    base = ind_stride * it + cum * topk + bid * iters * topk + k * (n + iters)
+                    row0 = int(rows[bid]) * pool_len
+                    flat_ind[base : base + n] = flat_table[row0 : row0 + n]
+                    extend = flat_table[row0 + n + k * steps : row0 + n + k * steps + iters]
+                    flat_ind[base + n : base + n + iters] = extend
+                    zid = bid * topk + k or b * topk
+                    flat_ptr[ptr_stride * it + zid] = int(pos[:zid].sum()) + zid * iters
+
+    return run
+
+
+def test_draft_kv_reference_by_hand():
+    # two requests (rows 1 and 0, 2 and 1 cached tokens), top-k 1, 2 draft steps
+    table = torch.tensor([[0, 1, 2, 3], [10, 11, 12, 13]], dtype=torch.int32)
+    rows, lens = torch.tensor([1, 0]), torch.tensor([2, 1])
+    ind, ptr = torch.zeros((2, 7), dtype=torch.int32), torch.zeros((2, 3), dtype=torch.int32)
+    out_ind, out_ptr = DK.draft_kv_reference(table, rows, lens, 1, 2, ind, ptr)
+    assert out_ind.tolist() == [[10, 11, 12, 0, 1, 0, 0], [10, 11, 12, 13, 0, 1, 2]]
+    assert out_ptr.tolist() == [[0, 3, 5], [0, 4, 7]]
+    assert not ind.any() and not ptr.any()  # not modified
+    # top-k 2 on pages of 1: branch k's draft slots start at seq_len + k * num_steps
+    table = torch.arange(10, 20, dtype=torch.int32).view(1, 10)
+    ind, ptr = torch.zeros((2, 10), dtype=torch.int32), torch.zeros((2, 3), dtype=torch.int32)
+    out_ind, out_ptr = DK.draft_kv_reference(table, torch.tensor([0]), torch.tensor([3]), 2, 2, ind, ptr)
+    assert out_ind.tolist() == [
+        [10, 11, 12, 13, 10, 11, 12, 15, 0, 0],
+        [10, 11, 12, 13, 14, 10, 11, 12, 15, 16],
+    ]
+    assert out_ptr.tolist() == [[0, 4, 8], [0, 5, 10]]
+
+
+def test_draft_kv_reference_matches_the_kernels_arithmetic_at_uneven_lengths():
+    table = torch.randint(0, 1000, (5, 40), dtype=torch.int32)
+    rows, lens, steps, topk = torch.tensor([3, 1, 4]), torch.tensor([7, 1, 20]), 3, 2
+    width = (int(lens.sum()) + 3 * steps) * topk
+    ind, ptr = torch.zeros((steps, width), dtype=torch.int32), torch.zeros((steps, 7), dtype=torch.int32)
+    ref = DK.draft_kv_reference(table, rows, lens, topk, steps, ind, ptr)
+    _draft_kernel(steps, 3, topk)(rows, table, lens, ind, ptr, lens.repeat_interleave(topk), 40, width, 7)
+    assert torch.equal(ind, ref[0]) and torch.equal(ptr, ref[1])
+
+
+def test_draft_kv_case_inputs_check_and_launch():
+    a = get_adapter("generate_draft_decode_kv_indices")
+    c = _case(a.kernel)
+    b, kv_len, topk, steps, page = DK.draft_dims(c)
+    assert (topk, steps, page) == (1, 3, 1)
+    inp = a.make_inputs(c, "cpu", 6)
+    assert inp["kv_indices"].shape == (3, b * (kv_len + 3)) and inp["kv_indptr"].shape == (3, b + 1)
+    assert inp["req_to_token"].shape[1] == kv_len + 3 and len(set(inp["req_pool_indices"].tolist())) == b
+    ref = a.reference(inp, c)
+    assert a.check(tuple(r.clone() for r in ref), ref, c).ok
+    assert not a.check((ref[0], ref[1] + 1), ref, c).ok
+    assert int(ref[1][2, -1]) == b * (kv_len + 3) and ref[0].shape == inp["kv_indices"].shape
+    fake = FakeKernel(_draft_kernel(steps, b, topk))
+    out = a.backends[0].bind(fake, inp, c)()
+    assert fake.grid == (3, b, 1) and fake.args[6:] == (kv_len + 3, b * (kv_len + 3), b + 1) + (
+        1 << (b - 1).bit_length(),
+        4,
+        1 << (b - 1).bit_length(),
+        1,
+    )
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    assert a.traffic(c).bytes == 2 * 4 * (3 * b * kv_len + 6 * b) + 4 * 3 * b
