@@ -1,4 +1,5 @@
-"""The per-step bookkeeping kernels of EAGLE/NextN speculative decoding on CPU: each reference against a
+"""The per-step KV bookkeeping kernels of decode (EAGLE/NextN speculative decoding, FlashInfer MLA's KV
+indices) on CPU: each reference against a
 small example worked by hand, the input builders, the exact checks, traffic, and the binders against the
 kernels' launches (a fake kernel records the grid and arguments)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from dskbench.adapters import get_adapter
+from dskbench.adapters.attention import flashinfer_kv_indices as FK
 from dskbench.adapters.speculative import assign_req_to_token_pool as AR
 from dskbench.adapters.speculative import draft_decode_kv_indices as DK
 from dskbench.adapters.speculative import fill_bonus_tokens as FB
@@ -192,3 +194,35 @@ def test_draft_kv_case_inputs_check_and_launch():
     )
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
     assert a.traffic(c).bytes == 2 * 4 * (3 * b * kv_len + 6 * b) + 4 * 3 * b
+
+
+# -- create_flashinfer_kv_indices_triton ----------------------------------------------------------
+
+
+def test_flashinfer_kv_indices_reference_by_hand():
+    table = torch.tensor([[0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23]], dtype=torch.int32)
+    out = FK.kv_indices_reference(table, torch.tensor([2, 0, 1]), torch.tensor([1, 3, 2]))
+    assert out.dtype == torch.int32 and out.tolist() == [20, 0, 1, 2, 10, 11]
+
+
+def test_flashinfer_kv_indices_case_inputs_check_and_launch():
+    a = get_adapter("create_flashinfer_kv_indices_triton")
+    c = _case(a.kernel)
+    b, kv_len = FK.indices_dims(c)
+    inp = a.make_inputs(c, "cpu", 8)
+    assert inp["kv_indptr"].tolist() == [i * kv_len for i in range(b + 1)]
+    ref = a.reference(inp, c)
+    assert ref.shape == (b * kv_len,) and a.check(ref.clone(), ref, c).ok and not a.check(ref - 1, ref, c).ok
+
+    def kernel(table, rows, lens, indptr, start, out, stride):  # the kernel, program by program
+        assert start is None
+        flat = table.view(-1)
+        for pid in range(rows.shape[0]):
+            n, at = int(lens[pid]), int(indptr[pid])
+            out[at : at + n] = flat[int(rows[pid]) * stride : int(rows[pid]) * stride + n]
+
+    fake = FakeKernel(kernel)
+    out = a.backends[0].bind(fake, inp, c)()
+    assert fake.grid == (b,) and fake.args[-1] == kv_len and fake.args[0] is inp["req_to_token"]
+    assert torch.equal(out, ref)
+    assert a.traffic(c).bytes == 8 * b * kv_len + 20 * b

@@ -43,6 +43,7 @@ ROLES = frozenset(
         "gemm",
         "hadamard",
         "kv_alloc",
+        "kv_indices",
         "kv_quant",
         "kv_write",
         "merge_state",
