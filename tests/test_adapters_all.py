@@ -48,7 +48,6 @@ TRITON_FILE_KERNELS_WITHOUT_ADAPTER = {
     "_gather_dequant_requant_fp8_paged_kernel",
     "_get_k_and_s_triton_kernel",
     "_set_k_and_s_triton_kernel",
-    "get_mla_kv_buffer_kernel",
 }
 
 

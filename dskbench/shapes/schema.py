@@ -45,6 +45,7 @@ ROLES = frozenset(
         "kv_alloc",
         "kv_indices",
         "kv_quant",
+        "kv_read",
         "kv_write",
         "merge_state",
         "mha_prefill",
