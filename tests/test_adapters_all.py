@@ -46,8 +46,6 @@ def test_every_adapter_is_a_registry_kernel_to_benchmark():
 
 TRITON_FILE_KERNELS_WITHOUT_ADAPTER = {
     "_gather_dequant_requant_fp8_paged_kernel",
-    "_get_k_and_s_triton_kernel",
-    "_set_k_and_s_triton_kernel",
 }
 
 
