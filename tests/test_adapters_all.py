@@ -46,13 +46,6 @@ def test_every_adapter_is_a_registry_kernel_to_benchmark():
 
 TRITON_FILE_KERNELS_WITHOUT_ADAPTER = {
     "_gather_dequant_requant_fp8_paged_kernel",
-    "_get_k_and_s_triton_kernel",
-    "_set_k_and_s_triton_kernel",
-    "assign_req_to_token_pool",
-    "create_flashinfer_kv_indices_triton",
-    "fill_bonus_tokens",
-    "generate_draft_decode_kv_indices",
-    "get_mla_kv_buffer_kernel",
 }
 
 

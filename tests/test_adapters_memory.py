@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dskbench.adapters import get_adapter
+from dskbench.adapters.memory import get_mla_kv_buffer as G
 from dskbench.adapters.memory import paged_alloc as P
 from dskbench.adapters.memory import set_mla_kv_buffer as S
 from dskbench.shapes.cases import Case, default_shapes
@@ -146,3 +147,54 @@ def test_alloc_adapters_check_exactly_and_bind_the_launch(kernel):
     bs = inp["seq_lens"].shape[0]
     assert seen["grid"] == (bs,) and seen["args"][-2:] == (1 << (bs - 1).bit_length(), 64)
     assert torch.equal(out, ref) and a.traffic(c).bytes > 0
+
+
+# -- get_mla_kv_buffer_kernel ---------------------------------------------------------------------
+
+
+def test_kv_read_reference_by_hand():
+    kv = torch.arange(4 * 1 * 5, dtype=torch.float32).view(4, 1, 5).to(torch.bfloat16)
+    nope, rope = G.get_mla_kv_reference(kv, torch.tensor([2, 0]), 3)
+    assert nope.tolist() == [[[10.0, 11.0, 12.0]], [[0.0, 1.0, 2.0]]]
+    assert rope.tolist() == [[[13.0, 14.0]], [[3.0, 4.0]]]
+
+
+def test_kv_read_inputs_check_and_launch():
+    a = get_adapter("get_mla_kv_buffer_kernel")
+    c = _case(a.kernel, "prefill")
+    t = c.point["T"]
+    assert (c.dims["Lkv"], c.dims["Dr"]) == (512, 64)
+    inp = a.make_inputs(c, "cpu", 3)
+    kv, loc = inp["kv_buffer"], inp["loc"]
+    assert kv.shape == (c.dims["pool"], 1, 576) and kv.dtype == torch.bfloat16
+    assert len(set(loc.tolist())) == t and int(loc.min()) >= 1
+    ref = a.reference(inp, c)
+    assert ref[0].shape == (t, 1, 512) and ref[1].shape == (t, 1, 64)
+    assert a.check(tuple(r.clone() for r in ref), ref, c).ok
+    bad = ref[1].clone()
+    bad[-1, 0, -1] += 1
+    assert not a.check((ref[0], bad), ref, c).ok
+
+    def kernel(kv_, nope, rope, loc_, stride, nope_stride, rope_stride, lkv, dr):  # program by program
+        flat = kv_.view(-1)
+        for pid in range(loc_.shape[0]):
+            row = flat[int(loc_[pid]) * stride :]
+            nope.view(-1)[pid * nope_stride : pid * nope_stride + lkv] = row[:lkv]
+            rope.view(-1)[pid * rope_stride : pid * rope_stride + dr] = row[lkv : lkv + dr]
+
+    seen = {}
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            seen["grid"] = grid
+
+            def run(*args):
+                seen["args"] = args
+                kernel(*args)
+
+            return run
+
+    out = a.backends[0].bind(FakeKernel(), inp, c)()
+    assert seen["grid"] == (t,) and seen["args"][4:] == (576, 512, 64, 512, 64)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    assert a.traffic(c).bytes == 2 * t * 576 * 2 + 8 * t
