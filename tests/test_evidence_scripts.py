@@ -217,6 +217,40 @@ def test_timers_plan_runs_the_subset_batched_per_case_and_batched_again(tmp_path
     assert all("[CUDA_VISIBLE_DEVICES=2]" in ln for ln in lines)
 
 
+def test_speed_plan_runs_its_lanes_on_their_own_gpus_and_cores(tmp_path):
+    """The sweep on the first GPU after its warm-up, the fresh box's main job on the second with its own
+    HOME (empty JIT caches) and 16 cores, the timers on the third; disjoint core sets."""
+    from dskbench.frontends.cli import build_parser
+
+    cmds, lines = _plan("speed.sh", tmp_path / "o", EVIDENCE_GPUS="3", EVIDENCE_CORES="64")
+    names = [ln.split()[1] for ln in lines]
+    assert names == ["warm", "sweep", "stats", "main-job", "timers"]
+    gpu_of = {ln.split()[1]: ln.split("CUDA_VISIBLE_DEVICES=")[1].split("]")[0] for ln in lines}
+    assert gpu_of == {"warm": "0", "sweep": "0", "stats": "0", "main-job": "1", "timers": "2"}
+    cores = {}
+    for name, cmd in zip(names, cmds, strict=True):
+        if cmd[0] == "env":
+            assert cmd[1] == f"HOME={tmp_path / 'o' / 'fresh' / 'home'}"
+            cmd = cmd[2:]
+        if cmd[0] == "taskset":
+            lo, hi = map(int, cmd[2].split("-"))
+            cores[name] = set(range(lo, hi + 1))
+            cmd = cmd[3:]
+        if cmd[:3] == ["python3", "-m", "dskbench"]:
+            build_parser().parse_args(cmd[3:])
+    assert len(cores["main-job"]) == 16
+    assert not (cores["main-job"] & cores["sweep"]) and not (cores["timers"] & cores["sweep"])
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    p = subprocess.run(
+        ["bash", str(EVIDENCE / "speed.sh"), str(tmp_path / "x")],
+        env={**env, "EVIDENCE_GPUS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "needs two or more GPUs" in p.stderr
+
+
 def test_shared_gpu_plan_refuses_then_runs_beside_then_waits(tmp_path):
     """Beside a busy process: the same run with --exclusive (to be refused), without (to be flagged), and
     with --wait-exclusive outlasting the busy process; each a valid dskbench command line."""

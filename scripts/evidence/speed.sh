@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The suite's speed on one host of two or more GPUs, its lanes side by side, into OUT:
+#
+#   bash scripts/evidence/speed.sh OUT
+#
+#   lane sweep (first GPU, its share of the cores), in OUT/sweep:
+#     warm        `dskbench warm` for the full default sweep, with `--build-times` from an earlier
+#                 warm's file when BUILD_TIMES=FILE is set
+#     sweep       the full default sweep on this one GPU (`dskbench run --seed 7`), warm caches
+#     stats       `dskbench stats` of it (wall, item time by stage)
+#   lane fresh (second GPU, FRESH_CORES cores, default 16), in OUT/fresh:
+#     main-job    `bash scripts/run.sh` with empty JIT caches: its own HOME under OUT/fresh/home, so
+#                 FlashInfer's, tvm-ffi's, Triton's and torch's caches start empty; main_job.json is
+#                 copied next to its log
+#   lane timers (third GPU, when there is one), in OUT/timers: scripts/evidence/timers.sh
+#
+# Each lane is a plan of steps (steps.sh: its own limits, logs and resume); run the same command into the
+# same OUT again to go on. A lane's cores are its own (`taskset`, where the host has it and has cores enough:
+# FRESH_CORES, an eighth of the rest for the timers, the rest for the sweep), so the fresh box's compilers
+# see FRESH_CORES cores. Limits: WARM_SECONDS, SWEEP_SECONDS, MAIN_JOB_SECONDS.
+# EVIDENCE_DRY_RUN=1 prints each lane's steps.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [ $# -ne 1 ]; then
+    echo "usage: bash scripts/evidence/speed.sh OUT" >&2
+    exit 2
+fi
+# shellcheck source=steps.sh
+source scripts/evidence/steps.sh "$1" || exit $?
+if [ "${#gpus[@]}" -lt 2 ]; then
+    echo "speed.sh: needs two or more GPUs (found ${#gpus[@]}; EVIDENCE_GPUS=N to say how many)" >&2
+    exit 2
+fi
+top="$out"
+cores="${EVIDENCE_CORES:-$(nproc 2>/dev/null || echo 1)}"
+fresh_cores="${FRESH_CORES:-16}"
+lanes=2
+[ "${#gpus[@]}" -ge 3 ] && lanes=3
+timer_cores=0
+[ "$lanes" = 3 ] && timer_cores=$(((cores - fresh_cores) / 8))
+[ "$lanes" = 3 ] && [ "$timer_cores" -lt 2 ] && timer_cores=2
+split=1  # lanes on cores of their own only where each gets a few
+[ $((cores - fresh_cores - timer_cores)) -ge 4 ] || split=0
+
+pin() {  # pin FIRST COUNT: the command prefix that keeps a lane on cores FIRST..FIRST+COUNT-1 (taskset)
+    if [ "$split" = 1 ] && command -v taskset >/dev/null 2>&1; then
+        echo "taskset -c $1-$(($1 + $2 - 1))"
+    fi
+}
+lane() {  # lane NAME: steps.sh's OUT for this lane
+    out="$top/$1"
+    mkdir -p "$out"
+}
+
+sweep_lane() {
+    lane sweep
+    export CUDA_VISIBLE_DEVICES="$(gpu 0)"
+    local first=$fresh_cores count=$((cores - fresh_cores - timer_cores))
+    local times=() cpus
+    read -ra cpus <<<"$(pin "$first" "$count")"
+    [ -n "${BUILD_TIMES:-}" ] && times=(--build-times "$BUILD_TIMES")
+    step warm "${WARM_SECONDS:-3600}" ${cpus[@]+"${cpus[@]}"} \
+        python3 -m dskbench warm --gpus all ${times[@]+"${times[@]}"} --out "$out/warm.json"
+    step sweep "${SWEEP_SECONDS:-7200}" ${cpus[@]+"${cpus[@]}"} \
+        python3 -m dskbench run --seed 7 --resume --out "$out/sweep.jsonl"
+    step stats 600 python3 -m dskbench stats "$out/sweep.jsonl" --json "$out/stats.json"
+}
+
+fresh_lane() {
+    lane fresh
+    export CUDA_VISIBLE_DEVICES="$(gpu 1)"
+    mkdir -p "$out/home"
+    local cpus
+    read -ra cpus <<<"$(pin 0 "$fresh_cores")"
+    step main-job "${MAIN_JOB_SECONDS:-3600}" env HOME="$out/home" ${cpus[@]+"${cpus[@]}"} bash -c \
+        'bash scripts/run.sh; rc=$?; cp "$(ls -td out/report-*/ | head -1)main_job.json" "$1/" 2>/dev/null; exit $rc' \
+        _ "$out"
+}
+
+timers_lane() {
+    lane timers
+    export CUDA_VISIBLE_DEVICES="$(gpu 2)"
+    local cpus
+    read -ra cpus <<<"$(pin $((cores - timer_cores)) "$timer_cores")"
+    step timers 3600 ${cpus[@]+"${cpus[@]}"} bash scripts/evidence/timers.sh "$out"
+}
+
+if [ "${EVIDENCE_DRY_RUN:-0}" = 1 ]; then
+    sweep_lane
+    fresh_lane
+    [ "$lanes" = 3 ] && timers_lane
+    exit 0
+fi
+sweep_lane &
+fresh_lane &
+[ "$lanes" = 3 ] && timers_lane &
+wait
+echo "speed.sh: lanes done; see $top/*/steps.log"
