@@ -13,6 +13,7 @@ from dskbench.adapters.backends import ANY_CUDA, Backend
 from dskbench.adapters.base import Traffic, memo
 from dskbench.adapters.common import fp8
 from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.matmul_precision import tf32_for_exact_operands
 from dskbench.adapters.gemm.linear import (
     BF16_OUT,
     OUT_BYTES,
@@ -37,8 +38,12 @@ def _scaled_mm_inputs(case: Case, device: str, seed: int, dtype: torch.dtype) ->
 
 
 def _scaled_mm_reference(inputs: dict[str, Any]) -> torch.Tensor:
+    """The FP8 or INT8 product in fp32, then the per-token and per-channel scales: the operands are
+    unscaled FP8/INT8 values, exact in TF32, so the product may run on the tensor cores."""
     a, b = inputs["mat_a"].float(), memo(inputs, "b", lambda: inputs["mat_b"].float(), ("mat_b",))
-    return (a @ b) * inputs["scales_a"].float().view(-1, 1) * inputs["scales_b"].float().view(1, -1)
+    with tf32_for_exact_operands():
+        prod = a @ b
+    return prod * inputs["scales_a"].float().view(-1, 1) * inputs["scales_b"].float().view(1, -1)
 
 
 def _scaled_mm_traffic(case: Case, fmt: str, note: str) -> Traffic:
