@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dskbench.adapters.common.matmul_precision import tf32_for_exact_operands
+from dskbench.adapters.common.matmul_precision import exact_fp32_matmul, tf32_for_exact_operands
 
 
 def _tf32_on() -> bool:
@@ -23,6 +23,9 @@ def test_tf32_is_on_inside_and_restored_after_even_on_an_error():
             raise ValueError("a reference that fails")
     except ValueError:
         pass
+    assert _tf32_on() == before
+    with tf32_for_exact_operands(), exact_fp32_matmul():  # the inner one wins, and both restore
+        assert not _tf32_on()
     assert _tf32_on() == before
 
 

@@ -28,10 +28,9 @@ Format, as FlashInfer 0.6.14 / TensorRT-LLM and SGLang 0.5.16 implement it:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
+
+from dskbench.adapters.common.matmul_precision import exact_fp32_matmul
 
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 FP4_MAX = 6.0
@@ -224,26 +223,6 @@ def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tens
 
 
 # -- references ---------------------------------------------------------------------------------------
-
-
-@contextmanager
-def exact_fp32_matmul() -> Iterator[None]:
-    """Disable TF32 for the duration (a reference must not be computed with 10-bit mantissas)."""
-    m = torch.backends.cuda.matmul
-    if hasattr(m, "fp32_precision"):
-        old = m.fp32_precision
-        m.fp32_precision = "ieee"
-        try:
-            yield
-        finally:
-            m.fp32_precision = old
-    else:  # older torch
-        old_tf32 = m.allow_tf32
-        m.allow_tf32 = False
-        try:
-            yield
-        finally:
-            m.allow_tf32 = old_tf32
 
 
 def fp4_gemm_reference(

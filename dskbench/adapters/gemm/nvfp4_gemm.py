@@ -19,6 +19,7 @@ from dskbench.adapters.base import Traffic, memo
 from dskbench.adapters.common import marlin
 from dskbench.adapters.common import nvfp4 as fp4
 from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.matmul_precision import exact_fp32_matmul
 from dskbench.adapters.common.nvfp4_adapter import FI_FP4, HOPPER_GEMM, MARLIN, NumericsAdapter, Refs, Tagged
 from dskbench.adapters.common.nvfp4_inputs import nvfp4_weight, quantized_activation
 from dskbench.adapters.gemm.linear import mnk
@@ -230,7 +231,7 @@ class CutlassScaledFp4Mm(NumericsAdapter):
             w = memo(
                 inputs, "w_deq", lambda: fp4.dequantize_nvfp4(inputs["w"], inputs["w_sf"]), ("w", "w_sf")
             )
-            with fp4.exact_fp32_matmul():
+            with exact_fp32_matmul():
                 out = a @ w.T
             return out * torch.as_tensor(inputs["alpha"], dtype=torch.float32, device=out.device)
 
@@ -241,7 +242,7 @@ class CutlassScaledFp4Mm(NumericsAdapter):
                 lambda: fp4.dequantize_nvfp4(inputs["w"], inputs["w_sf"], 1.0 / inputs["weight_scale_2"]),
                 ("w", "w_sf", "weight_scale_2"),
             )
-            with fp4.exact_fp32_matmul():
+            with exact_fp32_matmul():
                 return inputs["x"].float() @ w.T
 
         return Refs("w4a4", {"w4a4": w4a4, "w4a16": w4a16})

@@ -14,6 +14,7 @@ import torch
 
 from dskbench.adapters.common import nvfp4 as fp4
 from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.matmul_precision import exact_fp32_matmul
 from dskbench.adapters.common.nvfp4_adapter import NumericsAdapter, Refs
 from dskbench.adapters.common.nvfp4_inputs import nvfp4_weight, quantized_activation, weight_scale_2
 from dskbench.adapters.common.routing import BIAS_STD, POPULARITY_STD, fuse_shared_experts, grouped_topk
@@ -119,7 +120,7 @@ def _calibrate_a2(x: torch.Tensor, ids: torch.Tensor, w13: tuple[torch.Tensor, .
     e = int(ids.reshape(-1)[0])
     tok = (ids == e).any(dim=1).nonzero().squeeze(1)[:64]
     w1 = fp4.dequantize_nvfp4(w13[0][e], w13[1][e], 1.0 / w13[2][e])
-    with fp4.exact_fp32_matmul():
+    with exact_fp32_matmul():
         act = fp4.silu_and_mul(x[tok].float() @ w1.T)
     return (2.0 * act.abs().amax().clamp_min(1e-12) / (fp4.E4M3_MAX * fp4.FP4_MAX)).float()
 
