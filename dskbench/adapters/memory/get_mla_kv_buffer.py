@@ -19,15 +19,9 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
-from dskbench.adapters.common.inputs import exact_check, generator, nbytes, randn
+from dskbench.adapters.common.inputs import exact_check, generator, nbytes
+from dskbench.adapters.memory.set_mla_kv_buffer import DTYPE, mla_cache_rows, mla_dims
 from dskbench.shapes.cases import Case
-
-DTYPE = torch.bfloat16
-
-
-def _dims(case: Case) -> tuple[int, int, int, int]:
-    d = case.dims
-    return int(d["T"]), int(d["Lkv"]), int(d["Dr"]), int(d["pool"])
 
 
 def get_mla_kv_reference(
@@ -41,7 +35,7 @@ def get_mla_kv_reference(
 def _bind(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
     # get_mla_kv_buffer's outputs and get_mla_kv_buffer_triton's launch
     kv, loc = inputs["kv_buffer"], inputs["loc"]
-    t, lkv, dr, _ = _dims(case)
+    t, lkv, dr, _ = mla_dims(case)
     nope = torch.empty((t, 1, lkv), dtype=kv.dtype, device=kv.device)
     rope = torch.empty((t, 1, dr), dtype=kv.dtype, device=kv.device)
 
@@ -71,11 +65,7 @@ class GetMLAKVBufferAdapter(Adapter):
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
-        t, lkv, dr, pool = _dims(case)
-        gen = generator(seed)
-        slots = max(pool, t + 1)
-        loc = (torch.randperm(slots - 1, generator=gen)[:t] + 1).to(torch.int64)  # slot 0: padding
-        return {"kv_buffer": randn((slots, 1, lkv + dr), gen, device, DTYPE), "loc": loc.to(device)}
+        return mla_cache_rows(case, device, generator(seed))
 
     def reference(self, inputs: dict[str, Any], case: Case) -> tuple[torch.Tensor, torch.Tensor]:
         return get_mla_kv_reference(inputs["kv_buffer"], inputs["loc"], int(case.dims["Lkv"]))
@@ -88,7 +78,7 @@ class GetMLAKVBufferAdapter(Adapter):
         )
 
     def traffic(self, case: Case) -> Traffic:
-        t, lkv, dr, _ = _dims(case)
+        t, lkv, dr, _ = mla_dims(case)
         return Traffic(
             bytes=2 * nbytes(t * (lkv + dr), DTYPE) + nbytes(t, torch.int64),
             flops=0,

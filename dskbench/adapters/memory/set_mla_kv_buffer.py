@@ -30,9 +30,18 @@ TMA_MIN_LOCS = 768  # set_mla_kv_buffer_triton's _TMA_BULK_STORE_MIN_LOCS
 SM90_UP = Requirement(min_sm=90)  # is_arch_support_pdl(): the TMA path's condition
 
 
-def _dims(case: Case) -> tuple[int, int, int, int]:
+def mla_dims(case: Case) -> tuple[int, int, int, int]:
     d = case.dims
     return int(d["T"]), int(d["Lkv"]), int(d["Dr"]), int(d["pool"])
+
+
+def mla_cache_rows(case: Case, device: str, gen: torch.Generator) -> dict[str, Any]:
+    """The MLA KV cache (`pool` rows of Lkv + Dr bf16 values) and `loc`, T distinct rows of it: slot 0 is
+    sglang's padding slot, and no two tokens share a row (no write race)."""
+    t, lkv, dr, pool = mla_dims(case)
+    slots = max(pool, t + 1)
+    loc = (torch.randperm(slots - 1, generator=gen)[:t] + 1).to(torch.int64)
+    return {"kv_buffer": randn((slots, 1, lkv + dr), gen, device, DTYPE), "loc": loc.to(device)}
 
 
 def _next_pow2(n: int) -> int:
@@ -116,14 +125,10 @@ class SetMLAKVBufferAdapter(Adapter):
     ]
 
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
-        t, lkv, dr, pool = _dims(case)
+        t, lkv, dr, pool = mla_dims(case)
         gen = generator(seed)
-        slots = max(pool, t + 1)
-        # slot 0 is sglang's padding slot; each token gets its own slot (unique: no write race)
-        loc = (torch.randperm(slots - 1, generator=gen)[:t] + 1).to(torch.int64)
         return {
-            "kv_buffer": randn((slots, 1, lkv + dr), gen, device, DTYPE),
-            "loc": loc.to(device),
+            **mla_cache_rows(case, device, gen),
             "k_nope": randn((t, 1, lkv), gen, device, DTYPE),
             "k_rope": randn((t, 1, dr), gen, device, DTYPE),
         }
@@ -135,7 +140,7 @@ class SetMLAKVBufferAdapter(Adapter):
         return exact_check((out.view(torch.int16),), (ref.view(torch.int16),), ("kv_buffer",))
 
     def traffic(self, case: Case) -> Traffic:
-        t, lkv, dr, _ = _dims(case)
+        t, lkv, dr, _ = mla_dims(case)
         return Traffic(
             bytes=2 * nbytes(t * (lkv + dr), DTYPE) + nbytes(t, torch.int64),
             flops=0,
