@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The main job (set-up included): check the registry against the traces, run the sweep on this
 # machine (GPU kernels on a CUDA box, torch references on a CPU-only one), and render the report.
-# On a GPU box it first checks that torch can use the GPU, prints the expected time, and builds the
-# JIT caches on all GPUs (dskbench warm) so that the sweep times kernels, not compilers.
+# On a GPU box it first checks that torch can use the GPU and prints the expected time; the sweep then
+# builds its JIT modules in processes beside the measuring one, longest builds first, and times each
+# case once its build is done (dskbench run --build-ahead): kernels, not compilers, are timed, and a
+# fresh box's first run takes about the longer of its builds and its measuring, not their sum.
 #   bash scripts/run.sh [dskbench run options...]     e.g. --kernel rmsnorm --sweep decode
 # At the end (also after a failure) one line on stderr gives the wall seconds of each stage: set-up
-# (scripts/setup.sh, the registry check, the GPU check, the expected time), JIT warm-up (GPU only),
-# measuring, report; with the report, out/report-STAMP/main_job.json holds them, the exit status, and
+# (scripts/setup.sh, the registry check, the GPU check, the expected time), measuring (JIT builds
+# included), report; with the report, out/report-STAMP/main_job.json holds them, the exit status, and
 # the box: whether its JIT caches were empty at the start ("fresh"), its GPUs and its CPU cores.
 # The sweep's output ends with the cases that were not ok, one line each; the exit status is dskbench
 # run's: 1 when a case is wrong or in error (on a CPU, a reference that ran past its time limit is not a
@@ -18,7 +20,7 @@ step() {
     if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi
 }
 SECONDS=0
-declare -A took=([setup]=0 [warm]=0 [measure]=0 [report]=0)
+declare -A took=([setup]=0 [measure]=0 [report]=0)
 stage=setup
 lap_start=0
 next_stage() {  # close the current stage's lap, open $1's
@@ -36,7 +38,7 @@ finish() {
     local where=()
     [ -z "$times_json" ] || where=(--out "$times_json")
     step python3 -m dskbench.setup.mainjob times --status "$rc" --box "$box_json" ${where[@]+"${where[@]}"} \
-        "setup=${took[setup]}" "warm=${took[warm]}" "measure=${took[measure]}" "report=${took[report]}" || true
+        "setup=${took[setup]}" "measure=${took[measure]}" "report=${took[report]}" || true
     rm -f "$box_json"
     exit "$rc"
 }
@@ -45,21 +47,19 @@ source scripts/setup.sh
 python3 -m dskbench.setup.mainjob box > "$box_json" 2>/dev/null || true
 step python3 -m dskbench registry generate --check
 out="results/run-$run_stamp.jsonl"
+builds=()
 if [ "$DSKBENCH_GPU" = 1 ]; then
     step python3 -m dskbench.setup.stack cuda  # one line on a driver / CUDA / torch mismatch, exit 1
     if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then
         echo "+ python3 -m dskbench run --dry-run --quick $* | python3 -m dskbench.setup.mainjob eta"
-        warm=("$@")
     else
         python3 -m dskbench run --dry-run --quick "$@" | python3 -m dskbench.setup.mainjob eta
-        mapfile -d '' warm < <(python3 -m dskbench.setup.mainjob warm-args "$@")
     fi
-    next_stage warm
-    step python3 -m dskbench warm --gpus all --quick "${warm[@]}"
+    builds=(--build-ahead)
 fi
 next_stage measure
 status=0
-step python3 -m dskbench run --quick --out "$out" "$@" || status=$?
+step python3 -m dskbench run --quick ${builds[@]+"${builds[@]}"} --out "$out" "$@" || status=$?
 [ "$status" -le 1 ] || exit "$status"  # 1 = a case wrong or in error: its results still make a report
 next_stage report
 if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then

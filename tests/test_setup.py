@@ -148,12 +148,12 @@ def _index(steps: list[str], part: str) -> int:
     return next(i for i, s in enumerate(steps) if part in s)
 
 
-def test_run_sh_on_cpu_installs_the_cpu_stack_and_does_not_warm(tmp_path):
+def test_run_sh_on_cpu_installs_the_cpu_stack_and_builds_nothing_ahead(tmp_path):
     steps = _dry_run(tmp_path, False, 1, "--kernel", "rmsnorm")
     assert steps[0] == "python3 -m venv .venv"
     assert any(s.startswith("python3 -m pip install -q torch==") for s in steps)
     assert "python3 -m pip install -q -e .[test]" in steps
-    assert not any("gpu" in s or "dskbench warm" in s or "dskbench.setup.stack cuda" in s for s in steps)
+    assert not any("gpu" in s or "build-ahead" in s or "dskbench.setup.stack cuda" in s for s in steps)
     order = [
         _index(steps, p) for p in ("registry generate --check", "dskbench run --quick", "dskbench report")
     ]
@@ -161,7 +161,7 @@ def test_run_sh_on_cpu_installs_the_cpu_stack_and_does_not_warm(tmp_path):
     assert "--kernel rmsnorm" in steps[order[1]]
 
 
-def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_runs(tmp_path):
+def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_runs_building_ahead(tmp_path):
     steps = _dry_run(tmp_path, True, 1, "--sweep", "decode")
     assert "python3 -m pip install -q -e .[gpu]" in steps and "python3 -m pip install -q -e .[test]" in steps
     assert not any("torch==" in s for s in steps)
@@ -170,8 +170,7 @@ def test_run_sh_on_a_gpu_box_installs_the_gpu_extra_then_checks_estimates_warms_
         "registry generate --check",
         "dskbench.setup.stack cuda",
         "mainjob eta",
-        "dskbench warm --gpus all --quick --sweep decode",  # the quick profile's shapes only
-        "dskbench run --quick --out",
+        "dskbench run --quick --build-ahead --out",  # the JIT builds run beside the measuring
         "dskbench report",
     )
     order = [_index(steps, p) for p in parts]
@@ -190,7 +189,7 @@ def test_run_sh_uses_a_python_that_has_the_pinned_stack(tmp_path):
     steps = _dry_run(tmp_path, True, 0)
     assert steps[0] == "python3 -m pip install -q --no-deps --no-build-isolation -e ."
     assert not any("venv" in s or "[gpu" in s for s in steps)
-    assert _index(steps, "dskbench warm --gpus all") < _index(steps, "dskbench run --quick")
+    assert _index(steps, "mainjob eta") < _index(steps, "dskbench run --quick --build-ahead")
 
 
 def test_use_system_python_still_forces_this_python(tmp_path):
@@ -245,7 +244,7 @@ def test_estimate_from_a_plain_plan_and_from_shards():
     plain = "k.a  b\nk.b  b\n100 cases to run, 3 kernels skipped at planning\n"
     assert mainjob.estimate(plain, 0.8) == (
         "expected: about 80 s to measure 100 cases (0.8 s per case by the cost model; "
-        "JIT builds, done first by dskbench warm, come on top)"
+        "on a fresh box the longest JIT build may take longer)"
     )
     sharded = (
         plain.replace("100", "900")
@@ -258,27 +257,9 @@ def test_estimate_from_a_plain_plan_and_from_shards():
     assert 0.1 <= mainjob.per_case_s() <= 0.5  # one GPU measured 0.2-0.3 s a case (results/h100-2026-11-2*)
 
 
-def test_warm_takes_the_run_options_about_what_to_build():
-    got = mainjob.warm_args(
-        [
-            "--kernel",
-            "rmsnorm",
-            "--budget",
-            "2",
-            "--sweep=decode",
-            "--gpus",
-            "2",
-            "--tp",
-            "1,8",
-            "--no-dedupe",
-        ]
-    )
-    assert got == ["--kernel", "rmsnorm", "--sweep=decode", "--tp", "1,8"]
-
-
 # -- the main job's wall time per stage -------------------------------------------------------------------
 
-STAGE_KEYS = ["setup", "warm", "measure", "report"]
+STAGE_KEYS = ["setup", "measure", "report"]
 
 
 def test_dry_run_ends_with_the_stage_times_step(tmp_path):
@@ -323,7 +304,7 @@ def _main_job(tmp_path: Path, gpu: bool, run_rc: int) -> tuple[subprocess.Comple
 def _times_line(stderr: str) -> dict[str, int]:
     line = stderr.strip().splitlines()[-1]
     m = re.fullmatch(
-        r"main job: set-up (\d+) s, JIT warm-up (\d+) s, measuring (\d+) s, report (\d+) s; "
+        r"main job: set-up (\d+) s, measuring (\d+) s, report (\d+) s; "
         r"total (\d+) s; exit status (\d+)",
         line,
     )
@@ -346,9 +327,7 @@ def test_main_job_prints_and_writes_its_stage_times(tmp_path, gpu):
     assert isinstance(doc["fresh"], bool) and doc["cores"] == os.cpu_count()  # the box it ran on
     assert isinstance(doc["gpus"], list) and bool(doc["gpus"]) == gpu
     calls = (tmp_path / "calls.log").read_text()
-    assert ("dskbench warm --gpus all" in calls) == gpu  # the warm-up stage runs on a GPU only
-    if not gpu:
-        assert doc["seconds"]["warm"] == 0
+    assert ("--build-ahead" in calls) == gpu  # JIT builds beside the measuring on a GPU only
 
 
 def test_main_job_times_carry_its_exit_status(tmp_path):
@@ -365,12 +344,12 @@ def test_main_job_times_carry_its_exit_status(tmp_path):
 
 def test_stage_times_and_their_record():
     secs = mainjob.stage_times(["measure=12", "setup=3"])
-    assert secs == {"setup": 3, "warm": 0, "measure": 12, "report": 0}
+    assert secs == {"setup": 3, "measure": 12, "report": 0}
     assert mainjob.times_record(secs, 1) == {"seconds": secs, "total_s": 15, "exit_status": 1}
     assert mainjob.times_line(secs, 0) == (
-        "main job: set-up 3 s, JIT warm-up 0 s, measuring 12 s, report 0 s; total 15 s; exit status 0"
+        "main job: set-up 3 s, measuring 12 s, report 0 s; total 15 s; exit status 0"
     )
-    for bad in (["setup"], ["jit=3"], ["setup=-1"]):
+    for bad in (["setup"], ["warm=3"], ["setup=-1"]):
         with pytest.raises(ValueError):
             mainjob.stage_times(bad)
 

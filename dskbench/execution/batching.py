@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dskbench.device.info import DeviceInfo
+from dskbench.execution import gpu_lock
 from dskbench.execution.case import (
     Prepared,
     as_dict,
@@ -107,7 +108,8 @@ class Batcher:
         before = shared_gpu.record_fields(self.device.kind, fresh=True)  # its cases' records carry it
         t0 = time.perf_counter()
         try:
-            got = timed_together([[h.prep.launch] for h in held], self.settings())
+            with gpu_lock.held():  # no builder's GPU work while the batch samples (build_ahead.py)
+                got = timed_together([[h.prep.launch] for h in held], self.settings())
         except Exception as e:  # noqa: BLE001 - the cases are timed alone below, unless the context broke
             if is_poisoning(f"{type(e).__name__}: {e}"):
                 raise

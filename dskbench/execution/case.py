@@ -13,7 +13,7 @@ from typing import Any
 from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, Unavailable, resolve
 from dskbench.device.info import DeviceInfo
-from dskbench.execution import shared_gpu
+from dskbench.execution import gpu_lock, shared_gpu
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
 from dskbench.execution.reference_cache import REFERENCES
@@ -96,11 +96,13 @@ def prepare_case(
         stages[name] = round(now - t, 4)
         t = now
 
-    inputs = adapter.make_inputs(case, dev, seed)
-    lap("inputs_s")
+    with gpu_lock.held():  # GPU work that must not overlap a run's sampling when it builds ahead
+        inputs = adapter.make_inputs(case, dev, seed)
+        lap("inputs_s")
     if not check:  # a warm-up: bind and launch once (the JIT build), no reference
-        launch = backend.bind(resolved.fn, inputs, case)
-        lap("bind_s")
+        with gpu_lock.held():
+            launch = backend.bind(resolved.fn, inputs, case)
+            lap("bind_s")
         launch()
         lap("first_launch_s")
         base["stages"] = stages
@@ -182,7 +184,8 @@ def time_prepared(
             cupti_check(m, launchers, mode, prep.backend.capturable, settings)
         return as_dict(m)
 
-    measured, why = measure_valid(measure_once)
+    with gpu_lock.held():  # no builder's GPU work while this case samples (build_ahead.py)
+        measured, why = measure_valid(measure_once)
     base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
     return measured_fields(base, prep, measured, device, opts, ceilings, why)
 
@@ -379,7 +382,8 @@ def run_one(
                 return None
             fields = time_prepared(fields, prep, device, opts, ceilings)
         del prep
-        free_memory(device, force=fields.get("status") in ("error", "wrong"))
+        # a build's worker leaves the GPU's memory to the sweep's (several of them share one GPU)
+        free_memory(device, force=opts.warm_only or fields.get("status") in ("error", "wrong"))
     except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
         fields = error_fields(item, e)
         if not fields.get("poisoned"):

@@ -23,6 +23,9 @@ class WorkItem:
     # False: run once unchecked (no torch reference): a warm-up's later shapes of a backend that compiles
     # per shape, which build its kernel again and have nothing new to check before the sweep does
     checked: bool = True
+    # the JIT build this item waits for in a run that builds ahead (execution/build_ahead.py): measured
+    # once that build is done; None: nothing to wait for
+    build: str | None = None
 
     @property
     def case_id(self) -> str:
@@ -77,6 +80,8 @@ class SweepOptions:
     )
     host_gpus: int | None = None  # GPUs of the host when a worker sees only its own (multi-GPU gating)
     warm_only: bool = False  # prepare (build, first launch, check) but time nothing: dskbench warm
+    build_ahead: bool = False  # build the JIT modules in worker processes beside the measuring one
+    build_jobs: int | None = None  # those builders; None: by the cores (warm.default_jobs)
     costs_from: tuple[str, ...] = ()  # results files whose item times cut a sharded sweep (shard.py)
     case_timeout_s: float | None = None  # hang limit per case; None: scaled from its expected time; 0: off
     first_use_allowance_s: float | None = None  # added on a first use; None: 120 s unless case_timeout_s

@@ -4,7 +4,8 @@ poisons the CUDA context lost alone (the next worker starts after it).
 Protocol. The parent writes the plan as one JSON line on the worker's stdin and keeps stdin open;
 the worker prints ``BEGIN i`` before item i, ``RESULT {json}`` when its record is ready, ``HELD i`` when
 the case is prepared and waits to be timed with others, ``TIMING n`` when the n held cases are timed
-together (their RESULTs follow), and ``NEXT n`` when it ends on purpose. A worker whose stdin reaches
+together (their RESULTs follow), ``WAIT`` while it waits for a JIT build another process runs (a run
+that builds ahead: each WAIT starts its limit again), and ``NEXT n`` when it ends on purpose. A worker whose stdin reaches
 end-of-file exits at once: its parent is gone (killed, even with SIGKILL), and it must not go on
 holding a GPU. Nothing is written to disk for a worker, so nothing is left behind on any exit path.
 """
@@ -306,6 +307,8 @@ class WorkerProcess:
                     st.timing = False
                 if st.current is None and not st.timing:
                     set_limit(self.limits.startup_s)  # clean-up until the next BEGIN
+            elif kind == "WAIT":
+                set_limit(self.limits.startup_s)  # alive, between cases
             elif kind == "NEXT":
                 st.finished = True
 

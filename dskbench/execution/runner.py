@@ -171,6 +171,11 @@ def run_sweep(
     run_id = new_run_id()
     run_seed = sweep_seed(opts)
     to_run, copies = measure_once(items) if opts.dedupe else (items, {})
+    from dskbench.execution.build_ahead import building, start_builder
+
+    builder = start_builder(to_run, opts, None)
+    if builder is not None:
+        to_run = builder.items
     ceilings = None
     if device.kind == "cuda" and opts.measure_ceilings and items:
         ceilings = timed_ceilings()
@@ -191,6 +196,8 @@ def run_sweep(
         "command": sys.argv,
     }
     workers_env = multicast_env(True) if opts.no_multicast else None  # None: this process's own
-    slot = Slot("", worker_plan(opts, run_seed, ceilings), env=workers_env, units=[to_run] if to_run else [])
+    plan = {**worker_plan(opts, run_seed, ceilings), **(builder.plan_extra() if builder else {})}
+    slot = Slot("", plan, env=workers_env, units=[to_run] if to_run else [])
     in_process = None if opts.isolate else run_in_process(to_run, device, opts, run_seed, ceilings)
-    return execute(out, env, skips, [slot], limits, copies, progress, in_process=in_process)
+    with building(builder):
+        return execute(out, env, skips, [slot], limits, copies, progress, in_process=in_process)

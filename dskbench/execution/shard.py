@@ -51,7 +51,7 @@ from dskbench.execution.pool import Slot
 from dskbench.execution.shared_gpu import start_check
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
 from dskbench.execution.twins import measure_once
-from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env  # noqa: F401 (re-exported)
+from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env, worker_env  # noqa: F401 (re-exported)
 
 PROBE_PREFIX = "PROBE "
 PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU
@@ -90,16 +90,6 @@ def visible_gpus(n: int, environ: Mapping[str, str] | None = None) -> list[str]:
         raw = environ.get("CUDA_VISIBLE_DEVICES")
         raise ShardError(f"--gpus {n}: CUDA_VISIBLE_DEVICES={raw!r} names {len(tokens)}")
     return tokens[:n]
-
-
-def worker_env(
-    token: str, base: Mapping[str, str] | None = None, no_multicast: bool = False
-) -> dict[str, str]:
-    """Environment of one GPU's processes: that GPU alone; NVLink multicast switched off only if asked
-    (--no-multicast), else as the host has it."""
-    env = multicast_env(no_multicast, base)
-    env["CUDA_VISIBLE_DEVICES"] = token
-    return env
 
 
 # -- cost and assignment ---------------------------------------------------------------------------------
@@ -285,6 +275,11 @@ def run_sharded(
     check_same_model(probes, tokens)
     gate = host if opts.device == "cuda" else DeviceInfo("cpu")
     to_run, copies = measure_once(items) if opts.dedupe else (items, {})
+    from dskbench.execution.build_ahead import building, start_builder
+
+    builder = start_builder(to_run, opts, tokens)
+    if builder is not None:
+        to_run = builder.items
     shards, loads = shard_items(to_run, n, sweep_cost(to_run, opts, gate))
     run_id = new_run_id()
     run_seed = sweep_seed(opts)
@@ -316,16 +311,21 @@ def run_sharded(
         "case_timeout": limits.describe(),
     }
     env["command"] = sys.argv
+    extra = builder.plan_extra() if builder else {}
     slots = [
         Slot(
             f"GPU {g}",
-            worker_plan(worker_opts, run_seed, probes[g]["ceilings"]),
-            env=worker_env(tokens[g], no_multicast=opts.no_multicast),
+            {**worker_plan(worker_opts, run_seed, probes[g]["ceilings"]), **extra},
+            env={
+                **worker_env(tokens[g], no_multicast=opts.no_multicast),
+                **(builder.env_for(tokens[g]) if builder else {}),
+            },
             units=[shards[g]] if shards[g] else [],
         )
         for g in range(n)
     ]
-    return execute(out, env, skips, slots, limits, copies, progress, tag=lambda g: {"gpu_index": g})
+    with building(builder):
+        return execute(out, env, skips, slots, limits, copies, progress, tag=lambda g: {"gpu_index": g})
 
 
 def main(argv: list[str]) -> int:

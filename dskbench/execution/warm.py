@@ -67,22 +67,36 @@ def builds_per_shape(kernel: str, backend: str) -> bool:
     return b is not None and b.kind in PER_SHAPE_KINDS
 
 
+def build_key(item: WorkItem, per_shape: bool) -> str:
+    """The build an item needs: its (kernel, backend, variant), and its shape for a backend that
+    compiles per shape. Items of one key share one build."""
+    key = f"{item.kernel} · {item.backend} · {item.case.get('variant') or '-'}"
+    return key + f" · {sorted((item.case.get('dims') or {}).items())}" if per_shape else key
+
+
+def build_keys(
+    items: Sequence[WorkItem], per_shape: Callable[[str, str], bool] = builds_per_shape
+) -> list[str]:
+    """build_key of each item, in order (per_shape asked once per (kernel, backend))."""
+    shaped: dict[tuple[str, str], bool] = {}
+    out = []
+    for it in items:
+        if (it.kernel, it.backend) not in shaped:
+            shaped[(it.kernel, it.backend)] = per_shape(it.kernel, it.backend)
+        out.append(build_key(it, shaped[(it.kernel, it.backend)]))
+    return out
+
+
 def warm_items(
     items: Sequence[WorkItem], per_shape: Callable[[str, str], bool] = builds_per_shape
 ) -> list[WorkItem]:
     """The items a sweep's compilers need: one per (kernel, backend, variant), the first in plan order
     (the smallest decode case); for a backend that compiles per shape, one per distinct shape."""
-    seen: set[tuple[Any, ...]] = set()
+    seen: set[str] = set()
     built: set[tuple[Any, ...]] = set()  # (kernel, backend, variant) whose first item is already in
-    shaped: dict[tuple[str, str], bool] = {}
     out = []
-    for it in items:
-        first: tuple[Any, ...] = (it.kernel, it.backend, it.case.get("variant"))
-        key = first
-        if (it.kernel, it.backend) not in shaped:
-            shaped[(it.kernel, it.backend)] = per_shape(it.kernel, it.backend)
-        if shaped[(it.kernel, it.backend)]:
-            key += (repr(sorted((it.case.get("dims") or {}).items())),)
+    for it, key in zip(items, build_keys(items, per_shape), strict=True):
+        first = (it.kernel, it.backend, it.case.get("variant"))
         if key not in seen:
             seen.add(key)
             # the first item of a build is checked (a wrong result shows here already); a later shape
@@ -119,6 +133,17 @@ def read_build_times(path: Path) -> dict[tuple[str, str], float]:
             key = (str(r.get("kernel")), str(r.get("backend")))
             out[key] = max(out.get(key, 0.0), float(r["first_launch_s"]))
     return out
+
+
+def packaged_build_times() -> dict[tuple[str, str], float]:
+    """(kernel, backend) -> build seconds as shipped with dskbench (data/build_seconds.json: one
+    measured warm-up's long builds), the order for a box with no warm-up of its own yet."""
+    import json
+
+    from dskbench.paths import PACKAGE_DIR
+
+    doc = json.loads((PACKAGE_DIR / "data" / "build_seconds.json").read_text())
+    return {(r["kernel"], r["backend"]): float(r["seconds"]) for r in doc["seconds"]}
 
 
 class WarmError(ValueError):
@@ -164,6 +189,42 @@ def _result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
     )
 
 
+def warm_pool(
+    picked: Sequence[WorkItem],
+    opts: SweepOptions,
+    jobs: int,
+    on_result: Callable[[WorkItem, dict[str, Any]], None],
+    gpu_tokens: Sequence[str] | None = None,
+    build_s: dict[tuple[str, str], float] | None = None,
+    env_for: Callable[[str], dict[str, str]] | None = None,
+) -> Pool:
+    """The pool that prepares the warm items `picked` (nothing timed) in `jobs` worker processes, the
+    longest builds first; each item's record fields go to on_result. gpu_tokens: CUDA_VISIBLE_DEVICES
+    value of each GPU to spread the workers over (round robin by job), env_for(token) more variables
+    for a worker there; None leaves the environment as it is."""
+    from dskbench.results.environment import worker_env
+
+    wopts = dataclasses.replace(opts, warm_only=True, gpus=1, measure_ceilings=False)
+    plan = worker_plan(wopts, opts.seed or 0, None)
+
+    def env(j: int) -> dict[str, str] | None:
+        if not gpu_tokens:
+            return None
+        token = gpu_tokens[j % len(gpu_tokens)]
+        return {**worker_env(token), **(env_for(token) if env_for else {})}
+
+    slots = [Slot(f"build {j}", plan, env=env(j)) for j in range(jobs)]
+    limits = case_limits(
+        wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
+    )
+    return Pool(
+        slots,
+        lambda _slot, item, fields: on_result(item, fields),
+        limits,
+        shared=longest_first(_groups(picked), build_s or {}),
+    )
+
+
 def run_warm(
     items: Sequence[WorkItem],
     opts: SweepOptions,
@@ -177,30 +238,18 @@ def run_warm(
     gpu_tokens: CUDA_VISIBLE_DEVICES value of each GPU to spread the workers over (round robin by
     job); None leaves the environment as it is. Returns one WarmResult per item, in plan order.
     """
-    from dskbench.execution.shard import worker_env
-
     picked = warm_items(items)
     if not picked:
         return []
-    jobs = jobs_for(items, jobs)
-    wopts = dataclasses.replace(opts, warm_only=True, gpus=1, measure_ceilings=False)
-    plan = worker_plan(wopts, opts.seed or 0, None)
-    slots = [
-        Slot(f"job {j}", plan, env=worker_env(gpu_tokens[j % len(gpu_tokens)]) if gpu_tokens else None)
-        for j in range(jobs)
-    ]
     results: dict[int, WarmResult] = {}
 
-    def record(_slot: int, item: WorkItem, fields: dict[str, Any]) -> None:
+    def record(item: WorkItem, fields: dict[str, Any]) -> None:
         r = _result(item, fields)
         results[item.index] = r
         if progress:
             progress(r)
 
-    limits = case_limits(
-        wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
-    )
-    Pool(slots, record, limits, shared=longest_first(_groups(picked), build_s or {})).run()
+    warm_pool(picked, opts, jobs_for(items, jobs), record, gpu_tokens, build_s).run()
     return [results[it.index] for it in picked if it.index in results]
 
 

@@ -1,7 +1,8 @@
 """A worker process: runs plan items, one result line per item (see process.py).
 
 Started by the engine, never by hand. It runs the items its plan lists under `todo` (all of them when
-absent). Cases to be timed cold are held and timed together (execution/batching.py), except those listed
+absent), in that order; in a run that builds ahead, those whose JIT build is not done yet wait, and a
+worker with none ready says ``WAIT`` now and then (execution/build_ahead.py). Cases to be timed cold are held and timed together (execution/batching.py), except those listed
 under `solo`: the parent lists there the cases of a batch whose worker died, so that each is timed alone
 and a crash is pinned on its own case. It exits early (EXIT_POISONED) after an error that poisons the
 CUDA context, so that the parent starts a clean process for what is left, and at once (EXIT_ORPHANED)
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
     plan = json.loads(sys.stdin.readline())
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     from dskbench.device.info import DeviceInfo
-    from dskbench.execution import batching
+    from dskbench.execution import batching, build_ahead
     from dskbench.execution.case import free_memory, run_one
     from dskbench.execution.items import SweepOptions, WorkItem
 
@@ -83,7 +84,16 @@ def main(argv: list[str]) -> int:
             return False
         return not poisoned
 
-    for idx in todo:
+    ready_file = plan.get(build_ahead.READY_KEY)
+    order = (
+        build_ahead.build_order(todo, items, build_ahead.ReadyFile(ready_file)) if ready_file else iter(todo)
+    )
+    for idx in order:
+        if idx is None:  # no case whose build is done: time the held ones, then wait for a build
+            if not time_held():
+                return EXIT_POISONED
+            say("WAIT", "builds")
+            continue
         item = items[idx]
         say("BEGIN", idx)
         hold = None if idx in solo else offer

@@ -59,6 +59,16 @@ def multicast_env(no_multicast: bool, base: Mapping[str, str] | None = None) -> 
     return env
 
 
+def worker_env(
+    token: str, base: Mapping[str, str] | None = None, no_multicast: bool = False
+) -> dict[str, str]:
+    """Environment of one GPU's processes: that GPU alone; NVLink multicast switched off only if asked
+    (--no-multicast), else as the host has it."""
+    env = multicast_env(no_multicast, base)
+    env["CUDA_VISIBLE_DEVICES"] = token
+    return env
+
+
 def multicast_block(no_multicast: bool = False, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """For the environment record: the multicast variables as the run's processes saw them (null: unset,
     the host's default; `no_multicast`: dskbench sets them in those processes), and whether that

@@ -1,14 +1,14 @@
-"""Helpers of the main command (scripts/run.sh): the expected time printed before the sweep, which of the
-user's `run` options the JIT warm-up takes too, and the wall time of each stage at the end.
+"""Helpers of the main command (scripts/run.sh): the expected time printed before the sweep, and the
+wall time of each stage at the end.
 
     python -m dskbench run --dry-run --quick ... | python -m dskbench.setup.mainjob eta
-    python -m dskbench.setup.mainjob warm-args RUN_OPTIONS...   (NUL-separated, for bash's mapfile -d '')
-    python -m dskbench.setup.mainjob times --status N [--out FILE] setup=S warm=S measure=S report=S
+    python -m dskbench.setup.mainjob times --status N [--out FILE] setup=S measure=S report=S
 
 The estimate: with a sharded plan (`--gpus`), the longest shard of the cost model that cuts the shards
 (dskbench/execution/cost.py); otherwise each case costs that model's fixed per-case overhead plus the
-quick sweep's typical sampling. It is a model, not a measurement: JIT builds (done before, by
-`dskbench warm`) and a case's input set-up beyond that overhead come on top.
+quick sweep's typical sampling. It is a model, not a measurement: a case's input set-up beyond that
+overhead comes on top, and on a fresh box the longest JIT build (they run beside the measuring) can
+take longer than the measuring.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # The main job's stages, in order, with their names in the summary line.
-STAGES = {"setup": "set-up", "warm": "JIT warm-up", "measure": "measuring", "report": "report"}
+STAGES = {"setup": "set-up", "measure": "measuring", "report": "report"}
 
 
 def per_case_s() -> float:
@@ -51,35 +51,12 @@ def estimate(dry_run: str, case_s: float) -> str | None:
         secs, how = cases * case_s, f"{case_s:.1f} s per case by the cost model"
     return (
         f"expected: about {_minutes(secs)} to measure {cases} cases ({how}; "
-        "JIT builds, done first by dskbench warm, come on top)"
+        "on a fresh box the longest JIT build may take longer)"
     )
 
 
 def _minutes(secs: float) -> str:
     return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
-
-
-def warm_args(run_args: Sequence[str]) -> list[str]:
-    """The user's `run` options that `dskbench warm` also takes (what to build for), with their values;
-    the rest (--out, --budget, --mode, ...) concern timing only."""
-    from dskbench.frontends.cli import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.choices and "warm" in a.choices)  # noqa: SLF001
-    warm = sub.choices["warm"]
-    takes = {s: a.nargs != 0 for a in warm._actions for s in a.option_strings}  # noqa: SLF001
-    takes.pop("--out", None)
-    takes.pop("--gpus", None)  # the main command builds on all GPUs
-    kept: list[str] = []
-    args = list(run_args)
-    i = 0
-    while i < len(args):
-        opt = args[i].split("=", 1)[0]
-        with_value = opt in takes and takes[opt] and "=" not in args[i]
-        if opt in takes:
-            kept += args[i : i + 2] if with_value else [args[i]]
-        i += 2 if with_value else 1
-    return kept
 
 
 def stage_times(pairs: Sequence[str]) -> dict[str, int]:
@@ -130,7 +107,7 @@ def box_facts() -> dict[str, object]:
 
 
 def times_line(seconds: dict[str, int], status: int) -> str:
-    """The one line the main job ends with, e.g. `main job: set-up 40 s, JIT warm-up 290 s, ...`."""
+    """The one line the main job ends with, e.g. `main job: set-up 40 s, measuring 290 s, ...`."""
     parts = ", ".join(f"{STAGES[k]} {v} s" for k, v in seconds.items())
     return f"main job: {parts}; total {sum(seconds.values())} s; exit status {status}"
 
@@ -171,9 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         line = estimate(sys.stdin.read(), per_case_s())
         print(line or "expected: unknown (no plan from dskbench run --dry-run)")
         return 0
-    if args[:1] == ["warm-args"]:
-        sys.stdout.write("".join(a + "\0" for a in warm_args(args[1:])))
-        return 0
     if args[:1] == ["box"]:
         print(json.dumps(box_facts()))
         return 0
@@ -183,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"dskbench.setup.mainjob: {e}", file=sys.stderr)
             return 2
-    print("dskbench.setup.mainjob: expected eta, warm-args, box or times", file=sys.stderr)
+    print("dskbench.setup.mainjob: expected eta, box or times", file=sys.stderr)
     return 2
 
 

@@ -66,6 +66,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "read with CUDA events, one the events timed with CUPTI, and a disagreement flags the record)",
     )
     run.add_argument(
+        "--build-ahead",
+        action="store_true",
+        help="build the JIT modules in processes beside the measuring one, longest builds first, and "
+        "measure each case once its build is done (a fresh box's first run: instead of `dskbench warm`)",
+    )
+    run.add_argument(
+        "--build-jobs",
+        type=types.positive_int,
+        metavar="N",
+        help="with --build-ahead: builds at once (default: half the cores but two)",
+    )
+    run.add_argument(
         "--no-dedupe",
         action="store_true",
         help="measure every op's case, also where another op has the same kernel, backend and shape",
@@ -166,6 +178,8 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         dedupe=not args.no_dedupe,
         batch=not args.no_batch,
         cross_check=not args.no_cross_check,
+        build_ahead=args.build_ahead,
+        build_jobs=args.build_jobs,
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
@@ -195,6 +209,9 @@ def command(args: argparse.Namespace) -> int:
         if getattr(args, flag) and not args.resume:
             print(f"dskbench: --{flag.replace('_', '-')} applies only with --resume", file=sys.stderr)
             return EXIT_USAGE
+    if args.build_jobs is not None and not args.build_ahead:
+        print("dskbench: --build-jobs applies only with --build-ahead", file=sys.stderr)
+        return EXIT_USAGE
     if args.resume and args.out is None:
         print("dskbench: --resume needs --out FILE, the results file to continue", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,218 @@
+"""A run that builds its JIT modules while it measures (`dskbench run --build-ahead`).
+
+Why: on a fresh box a few builds (Marlin's, FlashInfer's top-k transforms) take ten minutes or more, and a
+warm-up before the sweep makes the box's first run the sum of the longest build and the measuring. Here
+the run starts `dskbench warm`'s builders (warm.py: one item per build, longest builds first, many
+processes) beside its measuring worker, and the measuring worker takes the cases whose build is done
+first: the first run takes about the longer of the two.
+
+How the two sides meet:
+
+* The parent gives each item the key of the build it waits for (`WorkItem.build`, warm.build_key) and
+  appends each key to a file as its builder finishes it (whatever the outcome: a failed build is the
+  measuring worker's to meet and record), then "*" when no builder is left.
+* The measuring worker (worker.py) goes through its items in plan order but skips, for now, those whose
+  build is not done (`build_order`); with nothing ready it times the cases it holds, says WAIT (the
+  parent's hang watch sees it alive) and looks again.
+* The builders share the GPU with the measuring worker, so a GPU lock (gpu_lock.py) keeps their GPU
+  work out of its sampling: the measuring worker holds it while it samples, a builder while it makes
+  inputs or binds. A builder's first launch (the build itself, then one launch) runs without it. Builds
+  run their items unchecked: the sweep checks every case itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dskbench.execution.gpu_lock import LOCK_ENV
+from dskbench.execution.items import SweepOptions, WorkItem
+
+ALL_DONE = "*"  # the ready file's last line: no builder is left
+POLL_S = 0.5  # how often a measuring worker with nothing ready looks at the ready file again
+READY_KEY = "builds_ready"  # the worker plan's key: the ready file's path
+
+
+class ReadyFile:
+    """The measuring worker's view of the builds done: the parent's ready file, read again when it grows."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.done: set[str] = set()
+        self.all_done = False
+        self._size = -1
+
+    def refresh(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return
+        if size == self._size:
+            return
+        self._size = size
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        self.done.update(lines)
+        self.all_done = ALL_DONE in self.done
+
+    def ready(self, key: str | None) -> bool:
+        return key is None or self.all_done or key in self.done
+
+
+def build_order(
+    todo: Sequence[int],
+    items: Sequence[WorkItem],
+    ready: ReadyFile,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[int | None]:
+    """The item indices of `todo`, in plan order among those whose build is done. None when none is: the
+    caller times what it holds and says it waits; then, after POLL_S, the file is read again."""
+    pending = list(todo)
+    while pending:
+        ready.refresh()
+        for j, idx in enumerate(pending):
+            if ready.ready(items[idx].build):
+                del pending[j]
+                yield idx
+                break
+        else:
+            yield None
+            sleep(POLL_S)
+
+
+def with_builds(items: Sequence[WorkItem], keys: Sequence[str]) -> list[WorkItem]:
+    """The items, each naming the build it waits for."""
+    return [dataclasses.replace(it, build=k) for it, k in zip(items, keys, strict=True)]
+
+
+class Builder:
+    """The builders of a run: `dskbench warm`'s pool in a thread of the parent, writing the ready file.
+
+    Use: `b = Builder(...)`, give the measuring workers `b.plan_extra()` and `b.env_for(token)`, then
+    `b.start()` once the run's own start-up GPU work (ceilings) is done, and `b.stop()` at its end."""
+
+    def __init__(
+        self,
+        items: Sequence[WorkItem],
+        opts: SweepOptions,
+        gpu_tokens: Sequence[str] | None,
+        jobs: int | None = None,
+        build_s: dict[tuple[str, str], float] | None = None,
+        per_shape: Callable[[str, str], bool] | None = None,
+    ) -> None:
+        from dskbench.device.info import usable_cores
+        from dskbench.execution import warm
+
+        keys = warm.build_keys(items, per_shape) if per_shape else warm.build_keys(items)
+        self.items = with_builds(items, keys)
+        first: dict[str, WorkItem] = {}
+        for it in self.items:
+            first.setdefault(it.build or "", it)
+        # every build unchecked: the measuring worker checks each case before it times it
+        self.picked = [dataclasses.replace(it, checked=False) for it in first.values()]
+        self.opts, self.tokens = opts, list(gpu_tokens or [])
+        # one core for the measuring worker, half the rest for builds (warm.default_jobs)
+        self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
+        self.jobs = max(1, min(self.jobs, len(warm._groups(self.picked))))
+        self.build_s = build_s if build_s is not None else warm.packaged_build_times()
+        self.folder = Path(tempfile.mkdtemp(prefix="dskbench-builds-"))
+        self.ready_path = self.folder / "ready"
+        self.ready_path.touch()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pool: Any = None
+        self.results: list[Any] = []
+        self.failure: BaseException | None = None
+        if not self.tokens:  # one GPU, this process's: every worker it starts inherits the lock's name
+            os.environ.update(self.env_for(None))
+
+    def plan_extra(self) -> dict[str, Any]:
+        return {READY_KEY: str(self.ready_path)}
+
+    def env_for(self, token: str | None) -> dict[str, str]:
+        """The GPU lock's variable for a worker on GPU `token` (None: the one GPU of the run)."""
+        return {LOCK_ENV: str(self.folder / f"gpu-{token or 'only'}.lock")}
+
+    def _mark(self, key: str) -> None:
+        with self._lock, self.ready_path.open("a", encoding="utf-8") as fh:
+            fh.write(key + "\n")
+
+    def _done(self, item: WorkItem, fields: dict[str, Any]) -> None:
+        from dskbench.execution import warm
+
+        r = warm._result(item, fields)
+        self.results.append(r)
+        took = f"{r.first_launch_s:7.1f} s" if r.first_launch_s is not None else " " * 9
+        print(f"build: {r.status:7} {took}  {r.kernel} · {r.backend}", file=sys.stderr, flush=True)
+        self._mark(item.build or "")
+
+    def start(self) -> None:
+        from dskbench.execution import warm
+
+        env_for = self.env_for if self.tokens else None
+        self._pool = warm.warm_pool(
+            self.picked, self.opts, self.jobs, self._done, self.tokens or None, self.build_s, env_for
+        )
+
+        def body() -> None:
+            try:
+                self._pool.run()
+            except BaseException as e:  # noqa: BLE001 - the measuring goes on without builders
+                self.failure = e
+            finally:
+                self._mark(ALL_DONE)
+
+        self._thread = threading.Thread(target=body, name="dskbench-builds", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the builders (a run that ends first kills those left) and remove the folder."""
+        if self._pool is not None:
+            self._pool.stop.set()
+            self._pool.kill_all()
+        if self._thread is not None:
+            self._thread.join(30)
+        if not self.tokens:
+            os.environ.pop(LOCK_ENV, None)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        longest = max((r.first_launch_s or 0.0 for r in self.results), default=0.0)
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        return (
+            f"built ahead: {len(self.results)} of {len(self.picked)} builds ({parts}) in {self.jobs} jobs; "
+            f"longest {longest:.0f} s"
+        )
+
+
+def start_builder(items: list[WorkItem], opts: SweepOptions, tokens: list[str] | None) -> Builder | None:
+    """The run's builders when it builds ahead, not started yet; else None.
+    An in-process run (--no-isolate) builds as it goes."""
+    if not (opts.build_ahead and opts.isolate and items):
+        return None
+    return Builder(items, opts, tokens, opts.build_jobs)
+
+
+@contextmanager
+def building(builder: Builder | None) -> Iterator[None]:
+    """The builders running for the block (none: nothing), stopped at its end on every path."""
+    if builder is None:
+        yield
+        return
+    try:
+        builder.start()
+        yield
+    finally:
+        builder.stop()
+        print(f"dskbench: {builder.summary()}", file=sys.stderr)

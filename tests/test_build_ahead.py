@@ -1,0 +1,127 @@
+"""A run that builds its JIT modules beside its measuring worker (`dskbench run --build-ahead`): cases
+wait for their build, not for all builds; builders and the measuring worker never hold the GPU at once.
+On the CPU with fake kernels."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+
+EXTRA = "tests.fake_adapters,tests.fake_build_adapters"
+os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+
+import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
+import tests.fake_build_adapters  # noqa: E402,F401
+from dskbench.execution import build_ahead, gpu_lock, warm  # noqa: E402
+from dskbench.execution.runner import SweepOptions, plan_sweep, run_sweep  # noqa: E402
+from dskbench.frontends import cli  # noqa: E402
+from dskbench.results.io import iter_records  # noqa: E402
+from dskbench.shapes.cases import default_shapes  # noqa: E402
+from tests.test_shard import _entry, _item  # noqa: E402
+
+
+def _items_with(builds: list[str | None]):
+    return [
+        build_ahead.with_builds([_item(i, "k", 1 + i)], [b])[0] if b else _item(i, "k", 1 + i)
+        for i, b in enumerate(builds)
+    ]
+
+
+def test_cases_whose_build_is_done_go_first_in_plan_order(tmp_path):
+    items = _items_with(["marlin", "small", None, "marlin", "small"])
+    ready_path = tmp_path / "ready"
+    ready_path.write_text("small\n")
+    ready = build_ahead.ReadyFile(ready_path)
+    waits = []
+
+    def sleep(_s: float) -> None:  # the builders finish marlin while the worker waits
+        waits.append(len(waits))
+        ready_path.write_text("small\nmarlin\n")
+
+    got = list(build_ahead.build_order([0, 1, 2, 3, 4], items, ready, sleep=sleep))
+    assert got == [1, 2, 4, None, 0, 3]  # small and the build-free case first; one wait; then marlin's
+    assert waits == [0]
+
+
+def test_all_done_releases_every_case_and_a_missing_file_waits(tmp_path):
+    items = _items_with(["never", "never"])
+    ready = build_ahead.ReadyFile(tmp_path / "absent")
+    order = build_ahead.build_order([0, 1], items, ready, sleep=lambda s: None)
+    assert next(order) is None  # no file yet: nothing is ready
+    (tmp_path / "absent").write_text(f"x\n{build_ahead.ALL_DONE}\n")
+    assert list(order) == [0, 1]
+
+
+def test_each_item_names_its_build_and_each_build_is_one_unchecked_item():
+    items = [_item(0, "k", 1, "a"), _item(1, "k", 8, "a"), _item(2, "k", 1, "b"), _item(3, "k", 8, "b")]
+    b = build_ahead.Builder(
+        items, SweepOptions(device="cpu"), None, jobs=2, build_s={}, per_shape=lambda k, be: be == "b"
+    )
+    try:
+        assert b.items[0].build == b.items[1].build != b.items[2].build != b.items[3].build
+        assert [it.index for it in b.picked] == [0, 2, 3]
+        assert not any(it.checked for it in b.picked)  # the measuring worker checks every case
+        assert os.environ[gpu_lock.LOCK_ENV].startswith(str(b.folder))
+    finally:
+        b.stop()
+    assert gpu_lock.LOCK_ENV not in os.environ and not b.folder.exists()
+    assert warm.build_key(items[3], True) != warm.build_key(items[1], True)
+    assert warm.build_key(items[3], False) == "k · b · -"
+
+
+def test_the_gpu_lock_keeps_another_process_out_while_held(tmp_path, monkeypatch):
+    path = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.LOCK_ENV, str(path))
+    probe = (
+        "import fcntl, sys\n"
+        "fh = open(sys.argv[1], 'a')\n"
+        "try:\n    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(9)\n"
+    )
+    with gpu_lock.held():
+        with gpu_lock.held():  # nested: held once, no self-deadlock
+            pass
+        held = subprocess.run([sys.executable, "-c", probe, str(path)]).returncode
+    free = subprocess.run([sys.executable, "-c", probe, str(path)]).returncode
+    assert (held, free) == (9, 0)
+    monkeypatch.delenv(gpu_lock.LOCK_ENV)
+    with gpu_lock.held():  # no lock named: no lock
+        fh = open(path, "a")
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fh.close()
+
+
+def test_a_run_building_ahead_measures_each_case_once_its_build_is_done(tmp_path, monkeypatch):
+    """The slow build comes first in the plan: the measuring worker takes fake_ok's cases while it builds,
+    and never starts a slow-build case before its builder is done (one build, found by the worker)."""
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    monkeypatch.setenv(tests.fake_build_adapters.DIR_ENV, str(tmp_path))
+    kernels = ["fake_slow_build", "fake_ok"]
+    registry = {k: _entry(k) for k in kernels}
+    opts = SweepOptions(
+        device="cpu",
+        phases=("decode",),
+        profile="cpu",
+        seed=0,
+        measure_ceilings=False,
+        build_ahead=True,
+        build_jobs=2,
+    )
+    items, skips = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
+    out = tmp_path / "r.jsonl"
+    summary = run_sweep(items, skips, opts, out)
+    assert summary.counts["ok"] == len(items) > 2
+    log = (tmp_path / "log").read_text().split()
+    assert log.count("built") == 1  # the builder's; the worker found the cache
+    builder_pid = int(log[log.index("built") + 1])
+    cached = {int(p) for w, p in zip(log[::2], log[1::2], strict=True) if w == "cached"}
+    assert cached and builder_pid not in cached
+    records = [r for r in iter_records(out) if r.get("status")]
+    assert {r["kernel"] for r in records} == set(kernels)
+    assert all(r["settings"]["build_ahead"] for r in iter_records(out) if r.get("kind") == "environment")
+
+
+def test_cli_build_jobs_needs_build_ahead(capsys):
+    assert cli.main(["run", "--device", "cpu", "--kernel", "rmsnorm", "--build-jobs", "2"]) == cli.EXIT_USAGE
+    assert "--build-jobs applies only with --build-ahead" in capsys.readouterr().err
