@@ -68,7 +68,9 @@ def test_each_item_names_its_build_and_each_build_is_one_unchecked_item():
         b.stop()
     assert gpu_lock.LOCK_ENV not in os.environ and not b.folder.exists()
     assert warm.build_key(items[3], True) != warm.build_key(items[1], True)
-    assert warm.build_key(items[3], False) == "k · b · -"
+    assert warm.build_key(items[3], False) == "k · b · - · input_layernorm"
+    other_op = type(items[1])(4, "k", "a", {**items[1].case, "op": "q_a_layernorm"}, "test")
+    assert warm.build_key(other_op, False) != warm.build_key(items[1], False)  # a JIT module per op's sizes
 
 
 def test_the_gpu_lock_keeps_another_process_out_while_held(tmp_path, monkeypatch):

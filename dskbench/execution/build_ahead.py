@@ -14,10 +14,10 @@ How the two sides meet:
 * The measuring worker (worker.py) goes through its items in plan order but skips, for now, those whose
   build is not done (`build_order`); with nothing ready it times the cases it holds, says WAIT (the
   parent's hang watch sees it alive) and looks again.
-* The builders share the GPU with the measuring worker, so a GPU lock (gpu_lock.py) keeps their GPU
-  work out of its sampling: the measuring worker holds it while it samples, a builder while it makes
-  inputs or binds. A builder's first launch (the build itself, then one launch) runs without it. Builds
-  run their items unchecked: the sweep checks every case itself.
+* The builders share the GPU with the measuring worker, so a GPU lock (gpu_lock.py) keeps the bulk of
+  their GPU work out of its sampling: the measuring worker holds it while it samples, a builder while it
+  makes inputs. What may compile (bind, first launch) runs without it. Builds run their items
+  unchecked: the sweep checks every case itself.
 """
 
 from __future__ import annotations

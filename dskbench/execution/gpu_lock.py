@@ -1,9 +1,10 @@
 """One GPU's timing lock, for a run that builds its JIT modules while it measures (build_ahead.py).
 
 The measuring worker holds it while it samples (a case alone, or a batch); a builder holds it while it
-runs GPU work of its own that is not a build: making a case's inputs, binding the backend. A builder's
-first launch (the JIT build and one launch) runs without it, so a long build does not stop the
-measuring. The lock is an flock on a file named by DSKBENCH_GPU_LOCK (one file per GPU, set by the
+makes a case's inputs (random tensors, quantised weights: the bulk of its GPU work). Nothing that may
+compile runs under it: a builder's bind and first launch (the JIT build, then one launch; a FlashInfer
+wrapper's plan builds its module) run without it, so a long build never stops the measuring; their
+GPU work is one launch. The lock is an flock on a file named by DSKBENCH_GPU_LOCK (one file per GPU, set by the
 run in its workers' environment); the kernel releases it when its holder dies. Unset, it is no lock.
 """
 

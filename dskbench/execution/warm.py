@@ -68,9 +68,11 @@ def builds_per_shape(kernel: str, backend: str) -> bool:
 
 
 def build_key(item: WorkItem, per_shape: bool) -> str:
-    """The build an item needs: its (kernel, backend, variant), and its shape for a backend that
-    compiles per shape. Items of one key share one build."""
-    key = f"{item.kernel} · {item.backend} · {item.case.get('variant') or '-'}"
+    """The build an item needs: its (kernel, backend, variant) and op, and its shape for a backend that
+    compiles per shape. Items of one key share one build. The op counts because a JIT module is often
+    specialised on the op's fixed sizes (sglang's JIT RMSNorm on the hidden size, FlashInfer's
+    merge_state on the head size), not on the token count."""
+    key = f"{item.kernel} · {item.backend} · {item.case.get('variant') or '-'} · {item.case.get('op')}"
     return key + f" · {sorted((item.case.get('dims') or {}).items())}" if per_shape else key
 
 
@@ -90,7 +92,7 @@ def build_keys(
 def warm_items(
     items: Sequence[WorkItem], per_shape: Callable[[str, str], bool] = builds_per_shape
 ) -> list[WorkItem]:
-    """The items a sweep's compilers need: one per (kernel, backend, variant), the first in plan order
+    """The items a sweep's compilers need: one per (kernel, backend, variant, op), the first in plan order
     (the smallest decode case); for a backend that compiles per shape, one per distinct shape."""
     seen: set[str] = set()
     built: set[tuple[Any, ...]] = set()  # (kernel, backend, variant) whose first item is already in
