@@ -469,6 +469,19 @@ def test_cli_pick_refuses_a_tp_the_results_do_not_hold(tmp_path, capsys):
     assert cli_pick([only_tp_free], "decode", [1], 8, None) == 0  # nothing depends on tp: no refusal
 
 
+def test_a_later_skip_does_not_hide_an_earlier_measurement():
+    """A full sweep on one GPU records the all-reduce cases `skipped` (needs 4 GPUs) after `dskbench comm`
+    measured them: pick keeps the measurement; a later measurement still wins over it."""
+    comm = run_of([rec("ar", "all_reduce", "nccl", 1, 9.0, tp=4)], "r0", created="2025-01-01")
+    sweep = run_of([rec("ar", "all_reduce", "nccl", 1, status="skipped", reason="needs 4 GPUs", tp=4)], "r1",
+                   created="2026-01-01")  # fmt: skip
+    idx = ResultIndex([sweep, comm], "decode", 4)
+    assert idx.get("all_reduce", None, "ar", "nccl", 1, None).stat.value == 9.0
+    again = run_of([rec("ar", "all_reduce", "nccl", 1, 7.0, tp=4)], "r2", created="2026-02-01")
+    idx = ResultIndex([sweep, comm, again], "decode", 4)
+    assert idx.get("all_reduce", None, "ar", "nccl", 1, None).stat.value == 7.0
+
+
 def test_latest_run_wins_for_the_same_case():
     old = run_of([rec("normk", "input_layernorm", "b_ok", 1, 9.0)], "r0", created="2025-01-01")
     new = run_of([rec("normk", "input_layernorm", "b_ok", 1, 2.0)], "r1", created="2026-01-01")

@@ -71,7 +71,10 @@ class ResultIndex:
                     reason=str(rec.get("reason") or ""),
                     record=rec,
                 )
-                latest[(m.kernel, m.backend, m.op, m.variant, m.batch, m.kv_len)] = m
+                key = (m.kernel, m.backend, m.op, m.variant, m.batch, m.kv_len)
+                if m.status == "skipped" and key in latest and latest[key].status != "skipped":
+                    continue  # a later run that could not run the case here (too few GPUs) measured nothing
+                latest[key] = m
         self._by_opv: dict[tuple[str, str | None], dict[tuple, Measured]] = defaultdict(dict)
         for (k, b, op, v, batch, kv), m in latest.items():
             self._by_opv[(op, v)][(k, b, batch, kv)] = m
