@@ -14,5 +14,8 @@ process kills and recorder.
     pool.py     slots (GPUs, build jobs) running units of items through watched workers
     sweep.py    the results file, the environment record, the recorder, the run
     shared_gpu.py  other processes on the run's GPUs: start-of-run warning, per-result field, --exclusive
+    warm.py     parallel JIT builds (`dskbench warm`), the builds' keys and order
+    build_ahead.py  those builds beside a run's measuring (`run --build-ahead`); gpu_lock.py keeps them
+                out of its sampling
     outcome.py  which records fail a run (not a CPU reference run's time-outs), the lines it ends with
 """
