@@ -113,15 +113,13 @@ class Builder:
 
         keys = warm.build_keys(items, per_shape) if per_shape else warm.build_keys(items)
         self.items = with_builds(items, keys)
-        first: dict[str, WorkItem] = {}
-        for it in self.items:
-            first.setdefault(it.build or "", it)
         # every build unchecked: the measuring worker checks each case before it times it
-        self.picked = [dataclasses.replace(it, checked=False) for it in first.values()]
+        picked = warm.warm_items(self.items, per_shape) if per_shape else warm.warm_items(self.items)
+        self.picked = [dataclasses.replace(it, checked=False) for it in picked]
         self.opts, self.tokens = opts, list(gpu_tokens or [])
         # one core for the measuring worker, half the rest for builds (warm.default_jobs)
         self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
-        self.jobs = max(1, min(self.jobs, len(warm._groups(self.picked))))
+        self.jobs = max(1, min(self.jobs, len(warm.kernel_groups(self.picked))))
         self.build_s = build_s if build_s is not None else warm.packaged_build_times()
         self.folder = Path(tempfile.mkdtemp(prefix="dskbench-builds-"))
         self.ready_path = self.folder / "ready"
@@ -148,7 +146,7 @@ class Builder:
     def _done(self, item: WorkItem, fields: dict[str, Any]) -> None:
         from dskbench.execution import warm
 
-        r = warm._result(item, fields)
+        r = warm.warm_result(item, fields)
         self.results.append(r)
         took = f"{r.first_launch_s:7.1f} s" if r.first_launch_s is not None else " " * 9
         print(f"build: {r.status:7} {took}  {r.kernel} · {r.backend}", file=sys.stderr, flush=True)

@@ -152,7 +152,7 @@ class WarmError(ValueError):
     """Bad input to warm; the message is one line for the user."""
 
 
-def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
+def kernel_groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
     """Items by kernel (a kernel's backends often share modules: one process builds them in turn)."""
     by_kernel: dict[str, list[WorkItem]] = {}
     for it in items:
@@ -162,7 +162,7 @@ def _groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
 
 def jobs_for(items: Sequence[WorkItem], jobs: int) -> int:
     """Worker processes a warm-up of these items runs at once: no more than it has kernels."""
-    return max(1, min(jobs, len(_groups(warm_items(items)))))
+    return max(1, min(jobs, len(kernel_groups(warm_items(items)))))
 
 
 @dataclasses.dataclass
@@ -177,7 +177,7 @@ class WarmResult:
     item_s: float | None  # the whole item: inputs, reference, bind, first launch, check (some unchecked)
 
 
-def _result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
+def warm_result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
     stages = fields.get("stages") or {}
     return WarmResult(
         kernel=item.kernel,
@@ -223,7 +223,7 @@ def warm_pool(
         slots,
         lambda _slot, item, fields: on_result(item, fields),
         limits,
-        shared=longest_first(_groups(picked), build_s or {}),
+        shared=longest_first(kernel_groups(picked), build_s or {}),
     )
 
 
@@ -246,7 +246,7 @@ def run_warm(
     results: dict[int, WarmResult] = {}
 
     def record(item: WorkItem, fields: dict[str, Any]) -> None:
-        r = _result(item, fields)
+        r = warm_result(item, fields)
         results[item.index] = r
         if progress:
             progress(r)
