@@ -362,3 +362,46 @@ def test_the_band_rule():
     assert cross_check.overhead_us("cuda-eager", "cold", {"cold": 0.2}) == 3.0
     assert cross_check.overhead_us("cuda-eager", "cold", {"eager_cold": 2.5}) == 2.5
     assert cross_check.overhead_us("cuda-graph", "rotate", None) == 0.3
+
+
+def test_the_clock_step_is_read_off_levels_blurred_by_a_nanosecond_or_two():
+    from dskbench.measure.batch_spans import clock_step_ns
+
+    rng = random.Random(1)
+    on_levels = [27_008 + 32 * rng.randint(-8, 8) + rng.choice((-1, 0, 1, 2)) for _ in range(500)]
+    assert clock_step_ns(on_levels) == 32
+    assert clock_step_ns([27_000 + rng.randint(-300, 300) for _ in range(500)]) is None  # ns steps
+    assert clock_step_ns([27_000, 27_001, 27_032]) is None  # too few levels to tell
+    assert clock_step_ns([27_000, 27_050, 27_177, 27_260, 27_391, 27_520, 27_601]) is None  # scattered
+
+
+class QuantisedGraph(Graph):
+    """A graph on a device whose timestamps are whole 32 ns steps blurred by a nanosecond: a ~1.2 us
+    kernel between two levels, and a flush that varies over many of them."""
+
+    def replay(self) -> None:
+        d = self.dev
+        d.replays += 1
+        step = 32
+        blur = self.rng.choice((-1, 0, 1))
+        f = step * (843 + self.rng.randint(-6, 6)) + blur
+        d.acts.append((FLUSH, d.t, d.t + f))
+        d.t += f + 500
+        k = step * (38 + self.rng.randint(0, 1)) + blur
+        d.acts.append(("my_kernel", d.t, d.t + k))
+        d.t += k + 1_000
+
+
+def test_a_kernel_of_one_microsecond_stops_once_its_interval_is_one_clock_step(device):
+    s = MeasureSettings(cooldown=0.0)
+    got = {}
+    for i in range(3):
+        c = batch.BatchCase([QuantisedGraph(device, 0, 0, i)])
+        c.est_us = 29.0
+        c.start(s)
+        got[i] = c
+    batch.sample_rounds(got, lambda: None, s, [], gap=0.4)
+    for c in got.values():
+        st = c.stopper
+        assert st.converged and st.resolution_us == pytest.approx((32 + 6) / 1000)
+        assert len(st.samples) < 2 * batch.MAX_MIN_SAMPLES  # not the thousands a 1% interval needs here

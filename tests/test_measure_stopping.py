@@ -117,3 +117,62 @@ def test_a_cut_batch_keeps_the_raw_samples_in_step():
     settings = MeasureSettings(stopping="fixed", min_samples=10, cooldown=0.0)
     st = drive(Timer(), settings, gap_us=0.5, raw=raw)
     assert st.samples == [1.5] * 10 and raw == [2.0] * 10
+
+
+def _two_levels(n: int, rng: random.Random) -> list[float]:
+    """A ~1.2 us kernel read off a 32 ns clock: half its samples on one level, half on the next."""
+    return [
+        1.216 + (0.032 if rng.random() < 0.5 else 0.0) + rng.choice((-0.001, 0.0, 0.001)) for _ in range(n)
+    ]
+
+
+def _levels_stopper(resolution_us: float | None, policy: str = "median-ci") -> Stopper:
+    clock, rng = Clock(), random.Random(3)
+    st = stopper_for(
+        policy,
+        target_noise=0.01,
+        min_samples=64,
+        max_samples=20_000,
+        min_time_s=0.0,
+        max_time_s=1e9,
+        now=clock,
+    )
+    st.resolution_us = resolution_us
+    while not st.add(_two_levels(16, rng)):
+        clock.t += 0.001
+    return st
+
+
+def test_an_interval_within_one_clock_step_is_converged():
+    # Without the clock's step, a median sitting between two levels 2.6% apart meets a 1% target only
+    # by chance, after hundreds or thousands of samples; with it, the interval's one step is as narrow as it gets.
+    blind = _levels_stopper(None)
+    aware = _levels_stopper(0.038)
+    assert len(blind.samples) > 5 * len(aware.samples)
+    assert aware.converged and len(aware.samples) <= 80
+    assert aware.noise > 0.01  # the noise recorded is what it is; the step is why it counts as converged
+    assert aware.ci_width_us <= 0.038
+    assert aware.describe()["resolution_us"] == 0.038
+    assert "resolution_us" not in blind.describe()
+
+
+def test_a_wider_interval_than_one_step_is_not_converged_by_the_step():
+    clock, rng = Clock(), random.Random(5)
+    st = stopper_for(
+        "median-ci",
+        target_noise=0.001,
+        min_samples=20,
+        max_samples=200,
+        min_time_s=0.0,
+        max_time_s=1e9,
+        now=clock,
+    )
+    st.resolution_us = 0.038
+    while not st.add([rng.gauss(10.0, 0.5) for _ in range(10)]):  # spread over many steps
+        clock.t += 0.001
+    assert not st.converged and len(st.samples) == 200
+
+
+def test_stdrel_is_not_converged_by_the_clock_step():
+    st = _levels_stopper(0.038, policy="stdrel")  # its CV of ~1.3% never meets 1%: the budget ends it
+    assert not st.converged

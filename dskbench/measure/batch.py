@@ -25,7 +25,14 @@ from typing import Any
 import torch
 
 from dskbench.measure import cross_check, nvml
-from dskbench.measure.batch_spans import MARKER, ChunkMismatch, per_case, split_groups
+from dskbench.measure.batch_spans import (
+    JITTER_NS,
+    MARKER,
+    ChunkMismatch,
+    clock_step_ns,
+    per_case,
+    split_groups,
+)
 from dskbench.measure.cuda import ClockReader
 from dskbench.measure.cuda_timer import l2_bytes
 from dskbench.measure.sampling import assemble, gap_for, make_stopper, subtract_gap
@@ -37,6 +44,8 @@ MIN_SAMPLE_US = 2000.0  # device time of a case's first samples (its flushes inc
 MAX_ROUNDS = 2048
 GROWTH = 1.3  # a case short of its noise target asks for this much more than the 1/sqrt(n) law says
 MAX_CHUNK_RETRIES = 2  # chunks whose markers did not add up, before the batch gives up
+STEP_FLUSHES = 2048  # flush durations the clock's step is read from (batch_spans.clock_step_ns)...
+MIN_STEP_FLUSHES = 64  # ...once at least this many are in
 
 _cupti_ok: bool | None = None
 
@@ -342,6 +351,8 @@ def sample_rounds(
     large GEMMs and flushes held an H200 at its power cap more often than the per-case timer did)."""
     target_us = settings.batch_target_ms * 1000.0
     misses = 0
+    flush_ns: list[int] = []  # the flushes' durations: the clock's step is read off them
+    resolution_us: float | None = None
     while True:
         active = [c for c in cases.values() if not c.done]
         if not active:
@@ -375,7 +386,12 @@ def sample_rounds(
                     c.done = True
                 return
             continue
+        if resolution_us is None and len(flush_ns) < STEP_FLUSHES:
+            flush_ns += [g.flush_ns for mine in spans for g in mine][: STEP_FLUSHES - len(flush_ns)]
+            step = clock_step_ns(flush_ns) if len(flush_ns) >= MIN_STEP_FLUSHES else None
+            resolution_us = None if step is None else (step + 2 * JITTER_NS) / 1000.0
         for c, mine in zip(active, spans, strict=True):
+            c.stopper.resolution_us = resolution_us
             c.gpu_s += sum(g.span_ns + g.flush_ns for g in mine) * 1e-9
             c.flushes.extend(g.flush_us for g in mine)
             c.empty = 0 if mine else c.empty + 1

@@ -73,6 +73,36 @@ def split_groups(acts: Sequence[Activity], n_groups: int) -> list[GroupSpan | No
     return out
 
 
+JITTER_NS = 3  # how far a duration strays from its clock level (timestamps converted to the host's clock)
+MIN_LEVELS = 4  # levels a clock step is read from
+ON_STEP_SHARE = 0.8  # share of the gaps between levels that must be whole steps
+
+
+def clock_step_ns(durations: Iterable[int]) -> int | None:
+    """The step of the clock that timed these durations, or None where they show none.
+
+    CUPTI's device timestamps advance in steps (32 ns on Hopper), and converting them to the host's
+    clock blurs each by a nanosecond or two: durations fall on levels one step apart. Values within
+    JITTER_NS of each other are one level; the step is the smallest distance between neighbouring
+    levels, accepted when most distances are whole multiples of it. A clock of nanosecond steps gives
+    one blurred level or scattered values, and None."""
+    levels: list[list[int]] = []
+    for v in sorted(set(durations)):
+        if levels and v - levels[-1][-1] <= JITTER_NS:
+            levels[-1].append(v)
+        else:
+            levels.append([v])
+    if len(levels) < MIN_LEVELS:
+        return None
+    centres = [(lv[0] + lv[-1]) / 2 for lv in levels]
+    gaps = [b - a for a, b in zip(centres, centres[1:], strict=False)]
+    step = min(gaps)
+    if step <= 2 * JITTER_NS:
+        return None
+    on_step = sum(1 for g in gaps if abs(g - step * round(g / step)) <= JITTER_NS)
+    return round(step) if on_step >= ON_STEP_SHARE * len(gaps) else None
+
+
 def per_case(groups: Sequence[GroupSpan | None], order: Sequence[int], n_cases: int) -> list[list[GroupSpan]]:
     """The groups regrouped per case: `order[i]` is the case that queued group i. Empty groups dropped."""
     if len(groups) != len(order):

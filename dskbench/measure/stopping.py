@@ -14,6 +14,13 @@ what "converged" means:
 * ``fixed``: exactly ``n`` samples (MeasureSettings.min_samples), whatever their spread; only the hard
   stop ends it sooner.
 
+``resolution_us`` is the step of the clock the samples are read from, when they are whole steps of it
+(CUPTI's device timestamps; batch.py reads the step off the samples): a median's interval no wider than
+one step is as narrow as such samples can make it, so it counts as converged whatever its relative
+width. Without it a kernel of about one microsecond, whose samples fall on two or three levels 32 ns
+apart, could meet a 1% target only once both ends of its interval fell on one level, which took it
+hundreds to thousands of samples.
+
 ``band_noise`` loosens the noise target by latency band: pairs (from_us, max_noise) say that once the
 samples' median is at least from_us, a noise of max_noise is enough. A kernel's verdicts in `compare` are
 bounded by its run-to-run floor, not by the interval of one run; where that floor is several percent (long
@@ -28,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from dskbench.measure.stats import relative_noise, summarize
+from dskbench.measure.stats import CI_MIN_SAMPLES, median_ci, relative_noise, summarize
 
 
 class Stopper:
@@ -65,6 +72,10 @@ class Stopper:
         self._t0 = now()
         self.samples: list[float] = []
         self.noise = math.inf
+        self.ci_width_us = math.inf  # hi - lo of the median's interval at the last evaluation
+        # the step of the clock the samples are whole multiples of, plus its jitter (None: unknown or
+        # none): an interval this narrow is converged (the module's docstring says why)
+        self.resolution_us: float | None = None
         self._next_eval = self.min_samples
         self.converged = False
         self.stopped = False
@@ -80,6 +91,8 @@ class Stopper:
         }
         if self.band_noise:
             out["band_noise"] = [list(b) for b in self.band_noise]
+        if self.resolution_us is not None:
+            out["resolution_us"] = self.resolution_us
         return out
 
     def target(self) -> float:
@@ -93,9 +106,18 @@ class Stopper:
 
     def _evaluate(self) -> None:
         self.noise = self.measure_noise(self.samples)
+        ordered = sorted(self.samples)
         if self.band_noise:
-            ordered = sorted(self.samples)
             self.median_us = ordered[len(ordered) // 2]
+        if len(ordered) >= CI_MIN_SAMPLES:
+            lo, hi = median_ci(ordered)
+            self.ci_width_us = hi - lo
+
+    def target_met(self) -> bool:
+        """The noise is within the target, or the median's interval within one clock step."""
+        if self.noise <= self.target():
+            return True
+        return self.resolution_us is not None and self.ci_width_us <= self.resolution_us
 
     def describe(self) -> dict[str, Any]:
         """{"name": ..., <params>}: what a result records of how its sampling was stopped."""
@@ -118,7 +140,7 @@ class Stopper:
         if n >= self._next_eval:
             self._evaluate()
             self._next_eval = max(n + 1, math.ceil(n * 1.1))
-        if n >= self.min_samples and elapsed >= self.min_time_s and self.noise <= self.target():
+        if n >= self.min_samples and elapsed >= self.min_time_s and self.target_met():
             self.converged = self.stopped = True
         elif (
             (elapsed >= self.max_time_s and n >= self.floor)
@@ -126,7 +148,7 @@ class Stopper:
             or elapsed >= self.hard_stop_s
         ):
             self._evaluate()
-            self.converged = n >= self.min_samples and self.noise <= self.target()
+            self.converged = n >= self.min_samples and self.target_met()
             self.stopped = True
         return self.stopped
 
@@ -138,6 +160,10 @@ class StdRelStopper(Stopper):
 
     def measure_noise(self, samples: Sequence[float]) -> float:
         return summarize(samples).cv if len(samples) > 1 else math.inf
+
+    def target_met(self) -> bool:
+        """The spread alone: a clock step bounds the median's interval, not the samples' CV."""
+        return self.noise <= self.target()
 
 
 class FixedStopper(Stopper):
