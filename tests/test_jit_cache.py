@@ -25,6 +25,8 @@ def test_cache_folders_follow_each_librarys_variable(tmp_path):
     env = {"TRITON_CACHE_DIR": "/t", "TVM_FFI_CACHE_DIR": "/v", "FLASHINFER_WORKSPACE_BASE": "/f"}
     d = cache_dirs(env=env, home=tmp_path)
     assert d["triton"] == Path("/t") and d["tvm-ffi"] == Path("/v")
+    assert d["deep_gemm"] == tmp_path / ".tensorrt_llm"
+    assert cache_dirs(env={"TRTLLM_DG_CACHE_DIR": "/d"}, home=tmp_path)["deep_gemm"] == Path("/d")
     assert d["flashinfer"] == Path("/f/.cache/flashinfer")
     assert d["torch_extensions"] == tmp_path / ".cache" / "torch_extensions"
     assert cache_dirs(env={}, home=tmp_path)["triton"] == tmp_path / ".triton" / "cache"
@@ -46,7 +48,13 @@ def test_export_then_import_carries_every_cache_to_another_box(tmp_path, monkeyp
         (src[name] / rel).parent.mkdir(parents=True, exist_ok=True)
         (src[name] / rel).write_bytes(name.encode())
     info = export_caches(tmp_path / "caches.tar.gz", src)
-    assert info["files"] == {"flashinfer": 1, "tvm-ffi": 1, "triton": 1, "torch_extensions": 0}
+    assert info["files"] == {
+        "flashinfer": 1,
+        "tvm-ffi": 1,
+        "triton": 1,
+        "torch_extensions": 0,
+        "deep_gemm": 0,
+    }
     dst = _dirs(tmp_path / "b")
     import_caches(tmp_path / "caches.tar.gz", dst)
     assert (dst["triton"] / "h1/k.cubin").read_bytes() == b"triton"

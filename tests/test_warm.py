@@ -37,6 +37,16 @@ def test_a_backend_that_compiles_per_shape_is_warmed_at_every_shape():
     assert warm.builds_per_shape("fake_ok", "fake") is False  # the fakes are torch: one build
 
 
+def test_a_jit_that_compiles_per_shape_says_so_and_is_warmed_per_shape():
+    # FlashInfer's and sglang's DeepGEMM compile a kernel per GEMM shape at first launch: a "jit" kind,
+    # flagged, where the rest of that kernel's JIT backends build once per op
+    assert warm.builds_per_shape("fp8_blockwise_scaled_mm", "flashinfer") is True
+    assert warm.builds_per_shape("fp8_blockwise_scaled_mm", "deep_gemm") is True
+    assert warm.builds_per_shape("fp8_blockwise_scaled_mm", "sglang_triton") is True  # by its kind
+    assert warm.builds_per_shape("fp8_blockwise_scaled_mm", "sgl_kernel") is False
+    assert warm.builds_per_shape("rmsnorm", "sglang_jit") is False  # a JIT module per op
+
+
 def test_an_unchecked_item_is_launched_without_its_reference(monkeypatch):
     """A warm-up's later shape: inputs, bind and one launch; no reference computed, no check."""
     import dataclasses

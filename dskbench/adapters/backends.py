@@ -105,6 +105,10 @@ class Backend:
     skip: Callable[[Any], str | None] | None = None  # per-case reason this backend does not apply
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # The library compiles again for each new shape at its first launch (a JIT that specialises its
+    # kernel on the sizes, as DeepGEMM's does), so `dskbench warm` builds each shape, not one per op.
+    # Triton and CuTe DSL backends do so by their kind (execution/warm.py: PER_SHAPE_KINDS).
+    builds_per_shape: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

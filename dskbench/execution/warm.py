@@ -57,14 +57,14 @@ def host_memory() -> int | None:
 
 
 def builds_per_shape(kernel: str, backend: str) -> bool:
-    """Whether this backend compiles again for each shape (PER_SHAPE_KINDS)."""
+    """Whether this backend compiles again for each shape (PER_SHAPE_KINDS, or its own flag)."""
     from dskbench.adapters import get_adapter
 
     adapter = get_adapter(kernel)
     if adapter is None:
         return False
     b = next((b for b in adapter.all_backends() if b.name == backend), None)
-    return b is not None and b.kind in PER_SHAPE_KINDS
+    return b is not None and (b.kind in PER_SHAPE_KINDS or b.builds_per_shape)
 
 
 def build_key(item: WorkItem, per_shape: bool) -> str:

@@ -9,6 +9,7 @@ Where each library keeps its cache (its environment variable first, then its def
   tvm-ffi        $TVM_FFI_CACHE_DIR, else ~/.cache/tvm-ffi (sglang's jit_kernel modules)
   Triton         $TRITON_CACHE_DIR, else ~/.triton/cache
   torch          $TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions
+  DeepGEMM       $TRTLLM_DG_CACHE_DIR, else ~/.tensorrt_llm (FlashInfer's copy compiles per GEMM shape)
 An archive is a gzipped tar of these folders with a manifest (the stack's versions and the GPU's
 compute capability); importing into a box whose stack or GPU differs is refused, naming the difference.
 """
@@ -43,6 +44,7 @@ def cache_dirs(env: Mapping[str, str] | None = None, home: Path | None = None) -
         "tvm-ffi": Path(env.get("TVM_FFI_CACHE_DIR") or home / ".cache" / "tvm-ffi"),
         "triton": Path(env.get("TRITON_CACHE_DIR") or home / ".triton" / "cache"),
         "torch_extensions": Path(env.get("TORCH_EXTENSIONS_DIR") or home / ".cache" / "torch_extensions"),
+        "deep_gemm": Path(env.get("TRTLLM_DG_CACHE_DIR") or home / ".tensorrt_llm"),
     }
 
 

@@ -101,6 +101,7 @@ class Fp8BlockwiseScaledMM(WhatIfLinear):
             "jit",
             _bind_deep_gemm,
             requires=Requirement(min_sm=90),
+            builds_per_shape=True,  # DeepGEMM compiles a kernel per (N, K) and block size at first launch
             label="what sglang 0.5.16 auto-selects for block-FP8 linears on Hopper when DeepGEMM is installed",
         ),
         Backend(
@@ -110,6 +111,9 @@ class Fp8BlockwiseScaledMM(WhatIfLinear):
             "jit",
             _bind_fi_blockscale_sm90,
             requires=SM90_ONLY,
+            # FlashInfer's copy of DeepGEMM compiles (nvcc) a kernel per (N, K) and block size, chosen by M,
+            # at its first launch, and keeps it under ~/.tensorrt_llm/cache
+            builds_per_shape=True,
             label="--fp8-gemm-backend flashinfer_deepgemm (BF16 activations, quantized in-kernel, as sglang passes them)",
         ),
         Backend(
