@@ -137,6 +137,29 @@ def test_sparse_prefill_indices_are_causal_and_within_the_request():
         assert torch.allclose(ref[r].double(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_sparse_reference_chunks_equal_a_per_query_loop(monkeypatch):
+    """Chunked queries (several chunks, padded columns, a query with no valid index) match one query at a
+    time over its valid rows."""
+    g = torch.Generator().manual_seed(4)
+    n, h, topk = 11, 3, 6
+    q = torch.randn(n, h, 576, generator=g).to(torch.bfloat16)
+    kv = torch.randn(30, 576, generator=g).to(torch.bfloat16)
+    idx = torch.full((n, topk), -1, dtype=torch.int32)
+    for i in range(n):
+        k = i % (topk + 1)  # 0..topk valid entries; row 0 and row 7 have none
+        idx[i, :k] = torch.randperm(30, generator=g)[:k].to(torch.int32)
+    idx[3, 1], idx[3, 4] = -1, 17  # a hole: validity is per entry, not a prefix
+    monkeypatch.setitem(FM.SPARSE_GATHER_ELEMS, "cpu", 4 * topk * 576)  # chunks of 4 queries
+    out = FM.sparse_reference(q, lambda i: kv[i].float(), idx, 0.07, 512)
+    for i in range(n):
+        valid = idx[i][idx[i] >= 0].long()
+        if valid.numel() == 0:
+            assert (out[i] == 0).all()
+            continue
+        want = _attend(q[i], kv[valid], 0.07)
+        assert torch.allclose(out[i].double(), want, rtol=1e-5, atol=1e-5)
+
+
 # -- binders through CPU stand-ins ----------------------------------------------------------------------
 
 

@@ -23,7 +23,14 @@ from dskbench.adapters.moe.inputs import (
     pack_int4,
     unpack_int4,
 )
-from dskbench.adapters.moe.reference import grouped_gemm_reference, moe_gemm_reference, quant_dequant_groups
+from dskbench.adapters.moe.reference import (
+    expert_order,
+    group_rows,
+    grouped_gemm_reference,
+    moe_gemm_reference,
+    quant_dequant_groups,
+    used_experts,
+)
 from dskbench.adapters.moe.trtllm import moe_layer_reference
 from dskbench.shapes.cases import Case, default_shapes
 
@@ -144,6 +151,41 @@ def test_grouped_gemm_reference_uses_expert_row_ranges():
     out = grouped_gemm_reference(a, torch.tensor([0, 2, 2, 5]), w)
     for r, e in enumerate([0, 0, 2, 2, 2]):
         assert torch.allclose(out[r].double(), a[r].double() @ _naive_weight(w, e).t(), rtol=1e-4, atol=1e-3)
+
+
+def test_expert_order_and_group_rows():
+    ids = torch.tensor([[3, 0], [0, 2], [3, 3]])
+    order, off = expert_order(ids.flatten(), 5)
+    assert off == [0, 2, 2, 3, 6, 6] and used_experts(off) == [0, 2, 3]
+    assert order.tolist() == [1, 2, 3, 0, 4, 5]  # stable: flat positions ascending inside an expert
+    assert group_rows(order, off, [0, 2]).tolist() == [1, 2, 3]  # adjacent ranges: one slice
+    assert group_rows(order, off, [0, 3]).tolist() == [1, 2, 0, 4, 5]  # apart: concatenated
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "w4a8"])
+def test_moe_references_alike_with_one_storage_per_expert_and_a_shared_slab(fmt):
+    """The CPU slab (every expert one storage, computed as one group) and a GPU's one storage per expert
+    (one group each) give the same outputs."""
+    own = _tiny_weights(fmt)
+    slab = ExpertWeights(
+        fmt,
+        own.w[:1].expand(own.w.shape),
+        None if own.scale is None else own.scale[:1].expand(own.scale.shape),
+    )
+    same = ExpertWeights(
+        fmt, own.w[:1].repeat(3, 1, 1), None if own.scale is None else own.scale[:1].repeat(3, 1, 1)
+    )
+    ids = torch.tensor([[0, 2], [2, 1], [0, 1], [2, 0]], dtype=torch.int32)
+    tw = torch.rand(4, 2, generator=torch.Generator().manual_seed(8))
+    a = torch.randn(4, 256, generator=torch.Generator().manual_seed(9))
+    a2 = torch.randn(8, 256, generator=torch.Generator().manual_seed(10))
+    for got, want in (
+        (moe_gemm_reference(a, slab, ids, None, True), moe_gemm_reference(a, same, ids, None, True)),
+        (moe_gemm_reference(a2, slab, ids, tw, False), moe_gemm_reference(a2, same, ids, tw, False)),
+        (grouped_gemm_reference(a2, torch.tensor([0, 3, 3, 8]), slab),
+         grouped_gemm_reference(a2, torch.tensor([0, 3, 3, 8]), same)),
+    ):  # fmt: skip
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_moe_layer_reference_against_loop():

@@ -231,6 +231,19 @@ def test_marlin_helpers_by_hand() -> None:
     assert [block(m, 8, 256) for m in (1, 64, 256, 1024, 4096)] == [8, 8, 16, 48, 64]
 
 
+def test_marlin_scales_of_a_stack_of_experts_equal_one_weight_at_a_time() -> None:
+    """marlin_weight_scales on [E, N, K/16] gives each expert what prepare_nvfp4_layer_for_marlin's steps
+    (transpose, bf16, permute, process) give that expert's scales alone."""
+    g = torch.Generator().manual_seed(11)
+    sf = fp4.to_e4m3(torch.rand(3, 128, 32, generator=g) * 400 + 1)  # E=3, N=128, K=512
+    stacked = marlin.marlin_weight_scales(sf)
+    assert stacked.shape == (3, 32, 128) and stacked.dtype == torch.float8_e4m3fn
+    for e in range(3):
+        one = sf[e].T.contiguous().to(torch.bfloat16)
+        want = marlin.nvfp4_marlin_process_scales(marlin.marlin_permute_scales(one, 512, 128, 16))
+        assert torch.equal(stacked[e].view(torch.uint8), want.view(torch.uint8))
+
+
 def test_nvfp4_moe_inputs_route_like_every_other_moe_adapter_and_traffic_counts_their_experts():
     """The NVFP4 MoE inputs use the common routing's popularity spread (so the pick compares NVFP4 and
     BF16/FP8 MoE paths under the same load), and traffic counts the experts they hit, never more than

@@ -103,3 +103,12 @@ def test_select_experts_renormalises_scales_and_sorts():
     assert torch.allclose(w, torch.tensor([[0.2 / 0.5 * 2.5, 0.3 / 0.5 * 2.5]]))
     w_raw, _ = select_experts(scores, choice, 2, renormalize=False)
     assert sorted(w_raw[0].tolist()) == pytest.approx([0.2, 0.3])
+
+
+def test_deepseek_routing_is_drawn_once_but_each_call_gets_its_own_tensors():
+    a = deepseek_routing(64, 256, 8, 8, 4, seed=3)
+    a.topk_ids.zero_()  # a caller writing into its inputs leaves the next call's routing alone
+    b = deepseek_routing(64, 256, 8, 8, 4, seed=3)
+    assert b.topk_ids.any() and not torch.equal(a.topk_ids, b.topk_ids)
+    assert torch.equal(b.topk_ids, deepseek_routing(64, 256, 8, 8, 4, seed=3).topk_ids)
+    assert not torch.equal(b.topk_ids, deepseek_routing(64, 256, 8, 8, 4, seed=4).topk_ids)

@@ -81,6 +81,18 @@ def test_block_quant_partial_block_and_batch():
     assert torch.equal(fp8.expand_block_scale(s, (128, 128), 200, 384)[1, 199, 383], s[1, 1, 2])
 
 
+def test_dequant_block_whole_blocks_equal_the_expanded_scales():
+    """Whole blocks multiply through a broadcast view: the same products as one scale per element,
+    with leading batch dims and with an expert slab broadcast over E (stride 0)."""
+    w = torch.randn(3, 256, 384, generator=torch.Generator().manual_seed(6))
+    q, s = fp8.block_quant(w)
+    want = q.float() * fp8.expand_block_scale(s, (128, 128), 256, 384)
+    assert torch.equal(fp8.dequant_block(q, s), want)
+    assert torch.equal(fp8.dequant_block(q[1], s[1]), want[1])
+    slab_q, slab_s = q[:1].expand(4, 256, 384), s[:1].expand(4, 2, 3)
+    assert torch.equal(fp8.dequant_block(slab_q, slab_s)[3], want[0])
+
+
 def test_scale_layouts_keep_values():
     s = torch.arange(5 * 3, dtype=torch.float32).view(5, 3)
     row, col, tma = (fp8.scale_layout(s, lay) for lay in ("row", "col", "col_tma"))

@@ -221,6 +221,31 @@ def test_moe_reference_matches_naive_loop(w4a4: bool) -> None:
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
 
 
+def test_moe_references_in_one_pass_equal_one_call_per_numerics() -> None:
+    g = torch.Generator().manual_seed(5)
+    t, h, i, e, k = 7, 64, 32, 6, 3
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    w = torch.rand(t, k, generator=g)
+
+    def weight(rows: int, cols: int) -> tuple[torch.Tensor, ...]:
+        p = torch.randint(0, 256, (e, rows, cols // 2), dtype=torch.uint8, generator=g)
+        s = fp4.to_e4m3(torch.rand(e, rows, cols // 16, generator=g) * 400 + 16)
+        return p, s, torch.rand(e, generator=g) * 1e-4 + 1e-4
+
+    w13, w2 = weight(2 * i, h), weight(h, i)
+    gs = (torch.tensor(600.0), torch.tensor(900.0))
+    both = fp4.moe_references(x, ids, w, w13, w2, [gs, None], routed_scaling_factor=2.5)
+    for got, scales in zip(both, (gs, None), strict=True):
+        want = fp4.moe_reference(x, ids, w, w13, w2, act_global_scales=scales, routed_scaling_factor=2.5)
+        assert torch.equal(got, want)
+
+
+def test_packed_byte_decode_equals_unpack_then_decode() -> None:
+    b = torch.arange(256, dtype=torch.uint8).view(16, 16)
+    assert torch.equal(fp4.decode_packed_e2m1(b), fp4.decode_e2m1(fp4.unpack_e2m1(b)))
+
+
 def test_nvfp4_bytes_is_9_16_per_element() -> None:
     assert fp4.nvfp4_bytes(16384 * 7168) == 66_060_288  # o_proj weight [7168, 16384]
     assert fp4.nvfp4_bytes(16) == 9

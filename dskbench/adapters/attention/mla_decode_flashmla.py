@@ -95,6 +95,11 @@ def sparse_indices(
     return out.to(seq_lens.device)
 
 
+# fp32 elements of gathered cache rows per chunk of queries: a GPU amortises its launches over 256 MiB
+# chunks; a CPU computes no faster in chunks larger than its caches
+SPARSE_GATHER_ELEMS = {"cuda": 1 << 26, "cpu": 1 << 22}
+
+
 def sparse_reference(
     q: torch.Tensor,
     rows_fp32: Callable[[torch.Tensor], torch.Tensor],
@@ -103,14 +108,30 @@ def sparse_reference(
     dv: int,
 ) -> torch.Tensor:
     """softmax(q . rows^T * scale) @ rows[:, :dv] over each query's valid indices (>= 0), fp32.
-    q [N, H, 576], indices [N, topk] -> [N, H, dv]; `rows_fp32` maps slots to fp32 cache rows."""
-    n, h, _ = q.shape
+    q [N, H, 576], indices [N, topk] -> [N, H, dv]; `rows_fp32` maps slots to fp32 cache rows.
+
+    Queries go in chunks (one launch sequence per chunk, not per query): each gathers its [topk] rows,
+    invalid ones as row 0 with a -inf score (softmax weight exactly 0), and columns no query of the chunk
+    uses are dropped. A query without any valid index gets zeros."""
+    n, h, d = q.shape
     out = torch.empty(n, h, dv, dtype=torch.float32, device=q.device)
-    for i in range(n):
-        idx = indices[i]
-        rows = rows_fp32(idx[idx >= 0].long())  # [k, 576]
-        p = torch.softmax((q[i].float() @ rows.t()) * scale, dim=-1)
-        out[i] = p @ rows[:, :dv]
+    budget = SPARSE_GATHER_ELEMS.get(q.device.type, SPARSE_GATHER_ELEMS["cuda"])
+    step = max(1, budget // (indices.shape[1] * d))
+    for s in range(0, n, step):
+        idx = indices[s : s + step]
+        valid = idx >= 0
+        used = valid.any(0).nonzero()
+        if used.numel() == 0:
+            out[s : s + step] = 0.0
+            continue
+        width = int(used[-1]) + 1
+        idx, valid = idx[:, :width], valid[:, :width]
+        c = idx.shape[0]
+        rows = rows_fp32(idx.clamp_min(0).long().flatten()).view(c, width, -1)  # [c, width, 576]
+        scores = torch.bmm(q[s : s + c].float(), rows.transpose(1, 2)) * scale  # [c, H, width]
+        scores.masked_fill_(~valid.unsqueeze(1), float("-inf"))
+        p = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # all -inf (no valid index) -> zeros
+        out[s : s + c] = torch.bmm(p, rows[..., :dv])
     return out
 
 

@@ -138,9 +138,14 @@ def dequant_per_token_group(q: torch.Tensor, scale: torch.Tensor, group: int = G
 def dequant_block(
     q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] = (GROUP, GROUP)
 ) -> torch.Tensor:
-    """Inverse of block_quant."""
+    """Inverse of block_quant. Whole blocks multiply through a broadcast view of the scales (the same
+    products, without materialising one fp32 scale per element)."""
     n, k = q.shape[-2:]
-    return q.float() * expand_block_scale(scale.float(), block, n, k)
+    bn, bk = block
+    if n % bn or k % bk:
+        return q.float() * expand_block_scale(scale.float(), block, n, k)
+    blocks = q.float().unflatten(-1, (k // bk, bk)).unflatten(-3, (n // bn, bn))  # [..., nb, bn, kb, bk]
+    return blocks.mul_(scale.float().unsqueeze(-1).unsqueeze(-3)).flatten(-2).flatten(-3, -2)
 
 
 def scale_layout(s: torch.Tensor, layout: str) -> torch.Tensor:

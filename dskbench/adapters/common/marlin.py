@@ -58,17 +58,31 @@ def should_use_atomic_add_reduce(m: int, n: int, k: int, sm: int, dtype: torch.d
     return not (sm < 90 and dtype == torch.bfloat16)
 
 
-def marlin_prepare_weight(
-    packed: torch.Tensor, scales: torch.Tensor, weight_scale_2: torch.Tensor, repack: Callable[..., Any]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """prepare_nvfp4_layer_for_marlin for one [N, K] weight: (int32 repacked, e4m3 Marlin scales, bf16 gs)."""
+def marlin_repack_weight(packed: torch.Tensor, repack: Callable[..., Any]) -> torch.Tensor:
+    """One [N, K/2] NVFP4 weight in Marlin's int32 tile layout (gptq_marlin_repack)."""
     n, k = packed.shape[0], packed.shape[1] * 2
     if n % 64:
         raise ValueError(f"NVFP4 Marlin needs N % 64 == 0, got N={n}")
     perm = torch.empty(0, dtype=torch.int, device=packed.device)
     qweight = packed.view(torch.int32).T.contiguous()
-    marlin_q = repack(b_q_weight=qweight, perm=perm, size_k=k, size_n=n, num_bits=4)
-    s = scales.T.contiguous().to(torch.bfloat16)
-    s = nvfp4_marlin_process_scales(marlin_permute_scales(s, k, n, 16))
+    return repack(b_q_weight=qweight, perm=perm, size_k=k, size_n=n, num_bits=4)
+
+
+def marlin_weight_scales(scales: torch.Tensor) -> torch.Tensor:
+    """e4m3 block scales [..., N, K/16] -> Marlin's e4m3 [..., K/16, N], for one weight or a stack of
+    experts at once: the permutations act on runs of 64 (N % 64 == 0), which never cross a weight."""
+    *lead, n, groups = scales.shape
+    if n % 64:
+        raise ValueError(f"NVFP4 Marlin needs N % 64 == 0, got N={n}")
+    s = scales.transpose(-1, -2).contiguous().to(torch.bfloat16).reshape(-1, n)
+    s = nvfp4_marlin_process_scales(marlin_permute_scales(s, groups * 16, n, 16))
+    return s.reshape(*lead, groups, n)
+
+
+def marlin_prepare_weight(
+    packed: torch.Tensor, scales: torch.Tensor, weight_scale_2: torch.Tensor, repack: Callable[..., Any]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """prepare_nvfp4_layer_for_marlin for one [N, K] weight: (int32 repacked, e4m3 Marlin scales, bf16 gs)."""
+    marlin_q = marlin_repack_weight(packed, repack)
     gs = nvfp4_marlin_process_global_scale(weight_scale_2.to(torch.bfloat16))
-    return marlin_q, s, gs
+    return marlin_q, marlin_weight_scales(scales), gs

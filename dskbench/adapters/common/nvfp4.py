@@ -28,6 +28,9 @@ Format, as FlashInfer 0.6.14 / TensorRT-LLM and SGLang 0.5.16 implement it:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import torch
 
 from dskbench.adapters.common.matmul_precision import exact_fp32_matmul
@@ -46,7 +49,9 @@ SWIZZLE_COLS = 4
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
+@functools.lru_cache(maxsize=16)
 def _boundaries(device: torch.device) -> torch.Tensor:
+    """The rounding boundaries on `device`, built once per device (not one host copy per call)."""
     b = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=device)
     odd = torch.tensor([i % 2 == 1 for i in range(len(_MIDPOINTS))], device=device)
     return torch.where(odd, torch.nextafter(b, torch.zeros_like(b)), b)
@@ -66,9 +71,28 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     return mag | sign
 
 
+@functools.lru_cache(maxsize=16)
+def _e2m1_table(device: torch.device) -> torch.Tensor:
+    """e2m1_values on `device`, built once per device."""
+    return e2m1_values(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _e2m1_byte_table(device: torch.device) -> torch.Tensor:
+    """[256, 2] float32: the values of a packed byte's (low, high) codes, built once per device."""
+    b = torch.arange(256, device=device)
+    return _e2m1_table(device)[torch.stack([b & 0x0F, b >> 4], dim=-1)]
+
+
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """e2m1 codes (uint8) -> float32 values."""
-    return e2m1_values(codes.device)[codes.long()]
+    return _e2m1_table(codes.device)[codes.long()]
+
+
+def decode_packed_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] packed bytes -> float32 [..., K] values: decode_e2m1(unpack_e2m1(packed)) in one lookup."""
+    p = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
+    return _e2m1_byte_table(p.device)[p.long()].flatten(-2)
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
@@ -132,7 +156,7 @@ def dequantize_nvfp4(
     Pass ``global_scale=1`` to get the operand a W4A4 GEMM multiplies before ``alpha``; for weights pass
     ``1 / weight_scale_2``.
     """
-    vals = decode_e2m1(unpack_e2m1(packed))
+    vals = decode_packed_e2m1(packed)
     sf = scales.view(torch.float8_e4m3fn).float() if scales.dtype == torch.uint8 else scales.float()
     blocks = vals.reshape(*vals.shape[:-1], sf.shape[-1], NVFP4_BLOCK) * sf.unsqueeze(-1)
     gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
@@ -159,7 +183,7 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_mxfp4(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
-    vals = decode_e2m1(unpack_e2m1(packed))
+    vals = decode_packed_e2m1(packed)
     sf = torch.exp2(scale_bytes.float() - 127.0)
     return (vals.reshape(*vals.shape[:-1], sf.shape[-1], MXFP4_BLOCK) * sf.unsqueeze(-1)).flatten(-2)
 
@@ -263,22 +287,43 @@ def moe_reference(
     before each GEMM (what the sm100 kernels do); None gives W4A16 (Marlin: activations stay high precision).
     Only experts that some token selects are dequantised.
     """
-    xf = x.float()
-    if act_global_scales is not None:
-        xf = dequantize_nvfp4(*quantize_nvfp4(x, act_global_scales[0]), act_global_scales[0])
-    out = torch.zeros(xf.shape, dtype=torch.float32, device=x.device)
+    return moe_references(x, topk_ids, topk_weights, w13, w2, [act_global_scales], routed_scaling_factor)[0]
+
+
+def moe_references(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    w2: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    numerics: Sequence[tuple[torch.Tensor | float, torch.Tensor | float] | None],
+    routed_scaling_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """moe_reference for several activation numerics (one ``act_global_scales`` each) in one pass over
+    the experts: each routed expert's weights are dequantised once for all of them. The (token, slot) rows
+    are sorted by expert once (one host sync); experts and their rows are visited in ascending order, as
+    one nonzero per expert would give them."""
+    k = topk_ids.shape[-1]
     flat = topk_ids.reshape(-1).long()
-    weights = topk_weights.reshape(-1).float()
-    token_of = torch.arange(flat.numel(), device=x.device) // topk_ids.shape[-1]
-    for e in torch.unique(flat).tolist():
-        sel = (flat == e).nonzero().squeeze(1)
-        tok = token_of[sel]
-        w1 = dequantize_nvfp4(w13[0][e], w13[1][e], 1.0 / w13[2][e].float())
-        w2e = dequantize_nvfp4(w2[0][e], w2[1][e], 1.0 / w2[2][e].float())
-        with exact_fp32_matmul():
-            act = silu_and_mul(xf[tok] @ w1.T)
-            if act_global_scales is not None:
-                act = dequantize_nvfp4(*quantize_nvfp4(act, act_global_scales[1]), act_global_scales[1])
-            y = act @ w2e.T
-        out.index_add_(0, tok, y * weights[sel].unsqueeze(1))
-    return out * routed_scaling_factor
+    order = torch.sort(flat, stable=True).indices
+    offsets = [0, *torch.cumsum(torch.bincount(flat), 0).tolist()]
+    tok_sorted = order // k
+    w_sorted = topk_weights.reshape(-1).float()[order]
+    inv_ws2 = (1.0 / w13[2].float(), 1.0 / w2[2].float())
+    xs = [x.float() if gs is None else dequantize_nvfp4(*quantize_nvfp4(x, gs[0]), gs[0]) for gs in numerics]
+    outs = [torch.zeros(xf.shape, dtype=torch.float32, device=x.device) for xf in xs]
+    for e in range(len(offsets) - 1):
+        lo, hi = offsets[e], offsets[e + 1]
+        if lo == hi:
+            continue
+        tok, w = tok_sorted[lo:hi], w_sorted[lo:hi].unsqueeze(1)
+        w1 = dequantize_nvfp4(w13[0][e], w13[1][e], inv_ws2[0][e])
+        w2e = dequantize_nvfp4(w2[0][e], w2[1][e], inv_ws2[1][e])
+        for xf, gs, out in zip(xs, numerics, outs, strict=True):
+            with exact_fp32_matmul():
+                act = silu_and_mul(xf[tok] @ w1.T)
+                if gs is not None:
+                    act = dequantize_nvfp4(*quantize_nvfp4(act, gs[1]), gs[1])
+                y = act @ w2e.T
+            out.index_add_(0, tok, y * w)
+    return [out * routed_scaling_factor for out in outs]

@@ -146,7 +146,16 @@ def deepseek_routing(
     seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> Routing:
-    """Random but realistic routing for `num_tokens` tokens (deterministic in `seed`)."""
+    """Random but realistic routing for `num_tokens` tokens (deterministic in `seed`). Drawn once per
+    arguments on the CPU (a case's every input set and backend routes alike); each call gets its own copy."""
+    r = _cpu_routing(num_tokens, num_experts, top_k, n_group, topk_group, seed)
+    return Routing(*(x.to(device, copy=True) for x in (r.logits, r.bias, r.topk_ids, r.topk_weights)))
+
+
+@lru_cache(maxsize=16)  # entries grow with num_tokens: 16 MB of logits at 16k tokens
+def _cpu_routing(
+    num_tokens: int, num_experts: int, top_k: int, n_group: int, topk_group: int, seed: int
+) -> Routing:
     gen = torch.Generator().manual_seed(seed)
     # The popularity pattern is a property of the "model": drawn from its own stream so it does not
     # change with num_tokens.
@@ -155,7 +164,7 @@ def deepseek_routing(
     bias = (torch.randn(num_experts, generator=pop_gen) * BIAS_STD).to(torch.bfloat16).float()
     logits = torch.randn(num_tokens, num_experts, generator=gen) + popularity
     weights, ids = grouped_topk(logits, bias, top_k, n_group, topk_group)
-    return Routing(logits, bias, ids, weights).to(device)
+    return Routing(logits, bias, ids, weights)
 
 
 def expert_counts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:

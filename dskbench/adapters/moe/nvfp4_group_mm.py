@@ -72,19 +72,15 @@ def bind_cutlass_fused_moe_nvfp4(fn: Any, inputs: dict[str, Any], case: Case) ->
 
 
 def _marlin_moe_weights(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """prepare_moe_nvfp4_layer_for_marlin (gated, group 16, bf16 params): per-expert repack and scales."""
+    """prepare_moe_nvfp4_layer_for_marlin (gated, group 16, bf16 params): per-expert repack; the scales of
+    all experts in one pass (the same values as expert by expert, without a launch sequence each)."""
     from sglang.jit_kernel.gptq_marlin_repack import gptq_marlin_repack
 
     out: dict[str, torch.Tensor] = {}
     for name in ("w13", "w2"):
         packed, sf, ws2 = inputs[name], inputs[f"{name}_sf"], inputs[f"{name}_ws2"]
-        qs, ss = [], []
-        for e in range(packed.shape[0]):
-            q, s, _ = marlin.marlin_prepare_weight(packed[e], sf[e], ws2[e], gptq_marlin_repack)
-            qs.append(q)
-            ss.append(s)
-        out[name] = torch.stack(qs)
-        out[f"{name}_scale"] = torch.stack([x.view(torch.uint8) for x in ss]).view(torch.float8_e4m3fn)
+        out[name] = torch.stack([marlin.marlin_repack_weight(p, gptq_marlin_repack) for p in packed])
+        out[f"{name}_scale"] = marlin.marlin_weight_scales(sf)
         out[f"{name}_gs"] = marlin.nvfp4_marlin_process_global_scale(ws2.to(torch.bfloat16))
     return out
 

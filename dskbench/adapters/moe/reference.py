@@ -25,6 +25,29 @@ def share_groups(experts: list[int], *weights: ExpertWeights) -> list[list[int]]
     return list(groups.values())
 
 
+def expert_order(flat_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
+    """Flat (token, slot) positions sorted by expert (stable) and each expert's range in that order:
+    expert e owns order[offsets[e]:offsets[e + 1]]. One host sync, instead of one per expert."""
+    flat = flat_ids.long()
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=num_experts)
+    return order, [0, *torch.cumsum(counts, 0).tolist()]
+
+
+def used_experts(offsets: list[int]) -> list[int]:
+    """Experts with at least one row."""
+    return [e for e in range(len(offsets) - 1) if offsets[e + 1] > offsets[e]]
+
+
+def group_rows(order: torch.Tensor, offsets: list[int], experts: list[int]) -> torch.Tensor:
+    """The entries of `order` that belong to a group of used experts (ascending ids): one slice when
+    their ranges are adjacent (a single expert; the CPU slab's group of every routed expert)."""
+    lo, hi = offsets[experts[0]], offsets[experts[-1] + 1]
+    if sum(offsets[e + 1] - offsets[e] for e in experts) == hi - lo:
+        return order[lo:hi]
+    return torch.cat([order[offsets[e] : offsets[e + 1]] for e in experts])
+
+
 def moe_gemm_reference(
     a: torch.Tensor,
     weights: ExpertWeights,
@@ -35,15 +58,16 @@ def moe_gemm_reference(
     """The Triton MoE GEMM in fp32. gate_up: C[t*K+j] = A[t] @ W[e]^T -> [T*K, N].
 
     down: C[t, j] = w[t, j] * (A[t*K+j] @ W[e]^T) -> [T, K, N] (A is the [T*K, I] intermediate).
+    Each storage group's weight is dequantised, used and freed before the next (256 fp32 experts would
+    not fit a GPU beside the inputs).
     """
     t, k = topk_ids.shape
-    flat = topk_ids.flatten().long()
-    out = torch.zeros(t * k, weights.n, dtype=torch.float32, device=a.device)
-    cache: dict[tuple[int, int], torch.Tensor] = {}
-    for experts in share_groups(torch.unique(flat).tolist(), weights):
-        slots = torch.isin(flat, torch.tensor(experts, device=flat.device)).nonzero().squeeze(1)
+    order, offsets = expert_order(topk_ids.flatten(), int(weights.w.shape[0]))
+    out = torch.empty(t * k, weights.n, dtype=torch.float32, device=a.device)
+    for experts in share_groups(used_experts(offsets), weights):
+        slots = group_rows(order, offsets, experts)
         rows = slots // k if gate_up else slots
-        out[slots] = a[rows] @ weights.dequant(experts[0], cache).t()
+        out[slots] = a[rows] @ weights.dequant(experts[0], {}).t()
     if gate_up:
         return out
     assert topk_weights is not None
@@ -64,28 +88,36 @@ def routed_experts_reference(
     quantisation of the GEMM2 input leaves of it (e.g. quant_dequant_groups for DeepSeek FP8).
     """
     t, inter = x.shape[0], w13.n // 2
+    k = ids.shape[1]
     out = torch.zeros(t, w2.n, dtype=torch.float32, device=x.device)
+    order, offsets = expert_order(ids.flatten(), int(w13.w.shape[0]))
+    flat_w = weights.flatten()
     # one group per storage: each expert is dequantised once and freed after its group (on a GPU, keeping
     # all 256 fp32 experts would take ~45 GB at BF16 sizes)
-    for experts in share_groups(torch.unique(ids).tolist(), w13, w2):
-        tok, slot = torch.isin(ids, torch.tensor(experts, device=ids.device)).nonzero(as_tuple=True)
+    for experts in share_groups(used_experts(offsets), w13, w2):
+        slots = group_rows(order, offsets, experts)
+        tok = slots // k
         h = x[tok] @ w13.dequant(experts[0], {}).t()
         act = torch.nn.functional.silu(h[:, inter:]) * h[:, :inter]
         if act_quant is not None:
             act = act_quant(act)
-        out.index_add_(0, tok, (act @ w2.dequant(experts[0], {}).t()) * weights[tok, slot].unsqueeze(1))
+        out.index_add_(0, tok, (act @ w2.dequant(experts[0], {}).t()) * flat_w[slots].unsqueeze(1))
     return out
 
 
 def grouped_gemm_reference(a: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights) -> torch.Tensor:
-    """Expert-ordered grouped GEMM in fp32: rows offsets[e]:offsets[e+1] of `a` times W[e]^T."""
+    """Expert-ordered grouped GEMM in fp32: rows offsets[e]:offsets[e+1] of `a` times W[e]^T (a group
+    of experts whose rows are adjacent computes in place, without a gather or a scatter)."""
     out = torch.zeros(a.shape[0], weights.n, dtype=torch.float32, device=a.device)
-    cache: dict[tuple[int, int], torch.Tensor] = {}
     off = offsets.tolist()
-    used = [e for e in range(len(off) - 1) if off[e + 1] > off[e]]
-    for experts in share_groups(used, weights):
-        rows = torch.cat([torch.arange(off[e], off[e + 1]) for e in experts]).to(a.device)
-        out[rows] = a[rows] @ weights.dequant(experts[0], cache).t()
+    for experts in share_groups(used_experts(off), weights):
+        w = weights.dequant(experts[0], {}).t()
+        lo, hi = off[experts[0]], off[experts[-1] + 1]
+        if sum(off[e + 1] - off[e] for e in experts) == hi - lo:
+            torch.mm(a[lo:hi], w, out=out[lo:hi])
+        else:
+            rows = torch.cat([torch.arange(off[e], off[e + 1]) for e in experts]).to(a.device)
+            out[rows] = a[rows] @ w
     return out
 
 
