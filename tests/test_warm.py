@@ -28,6 +28,17 @@ def test_one_item_per_kernel_backend_variant_first_in_plan_order():
     assert [it.index for it in picked] == [0, 1, 3, 4]
 
 
+def test_a_build_whose_first_case_its_backend_skips_takes_the_next_one():
+    # FlashInfer's merge_state rejects 128 heads (tp 1) and builds at 32 (tp 4): its tp-1 item would
+    # build nothing, and the sweep's first tp-4 case would then compile in the measuring process
+    items = [_item(0, "k", 1, "a"), _item(1, "k", 1, "b"), _item(2, "k", 8, "a"), _item(3, "k", 8, "b")]
+    picked = warm.warm_items(items, per_shape=lambda k, b: False, skipped=lambda it: it.index == 1)
+    assert [(it.index, it.backend, it.checked) for it in picked] == [(0, "a", True), (3, "b", True)]
+    everything = warm.warm_items(items, per_shape=lambda k, b: False, skipped=lambda it: True)
+    assert [it.index for it in everything] == [0, 1]  # all skipped: the first stays, to record why
+    assert warm.skipped_by_case(items[0]) is False  # no adapter of that name: nothing skips it
+
+
 def test_a_backend_that_compiles_per_shape_is_warmed_at_every_shape():
     items = [_item(0, "k", 1, "a"), _item(1, "k", 1, "b"), _item(2, "k", 8, "a"), _item(3, "k", 8, "b")]
     twin = WorkItem(4, "k", "b", dict(items[3].case), "test")  # same shape again: one build
@@ -180,3 +191,15 @@ def test_warm_quick_builds_for_the_quick_profile_and_the_plan_shrinks():
         items, _ = plan_sweep(dict(reg), shapes, ["fp8_scaled_mm"], None, SweepOptions(profile=profile))
         sizes[profile] = len(warm.warm_items(items, per_shape=per_shape))
     assert 0 < sizes["quick"] < sizes["full"] / 2
+
+
+def test_flashinfer_merge_state_is_built_at_a_head_count_it_takes():
+    from dskbench.frontends.cli.common import registry_and_shapes
+
+    reg, shapes = registry_and_shapes()
+    opts = SweepOptions(device="cuda", phases=("prefill",), profile="full", tp=(1, 4, 8))
+    items, _ = plan_sweep(dict(reg), shapes, ["merge_state"], ["flashinfer"], opts)
+    assert warm.skipped_by_case(items[0])  # tp 1: 128 heads in one block, rejected
+    picked = warm.warm_items(items)
+    assert len(picked) == 1 and not warm.skipped_by_case(picked[0])
+    assert picked[0].case["point"]["tp"] in (4, 8)

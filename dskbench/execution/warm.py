@@ -89,22 +89,49 @@ def build_keys(
     return out
 
 
+def skipped_by_case(item: WorkItem) -> bool:
+    """Whether the adapter or the backend skips this item's case on any machine (a shape the backend
+    rejects, as FlashInfer's merge_state does 128 heads): such an item builds nothing, so its build takes
+    a later item of the same key."""
+    from dskbench.adapters import get_adapter
+    from dskbench.shapes.cases import Case
+
+    adapter = get_adapter(item.kernel)
+    if adapter is None:
+        return False
+    backend = next((b for b in adapter.all_backends() if b.name == item.backend), None)
+    case = Case.from_json(item.case)
+    return bool(adapter.skip_reason(case) or (backend is not None and backend.skip and backend.skip(case)))
+
+
 def warm_items(
-    items: Sequence[WorkItem], per_shape: Callable[[str, str], bool] = builds_per_shape
+    items: Sequence[WorkItem],
+    per_shape: Callable[[str, str], bool] = builds_per_shape,
+    skipped: Callable[[WorkItem], bool] = skipped_by_case,
 ) -> list[WorkItem]:
     """The items a sweep's compilers need: one per (kernel, backend, variant, op), the first in plan order
-    (the smallest decode case); for a backend that compiles per shape, one per distinct shape."""
-    seen: set[str] = set()
+    (the smallest decode case) that its case's own rules do not skip; for a backend that compiles per
+    shape, one per distinct shape. A key whose every item is skipped keeps its first (its record says
+    why)."""
+    chosen: dict[str, int] = {}  # build key -> the position of its item
+    settled: set[str] = set()  # keys whose chosen item runs
+    for pos, (it, key) in enumerate(zip(items, build_keys(items, per_shape), strict=True)):
+        if key in settled:
+            continue
+        runs = not skipped(it)
+        if key not in chosen or runs:
+            chosen[key] = pos
+        if runs:
+            settled.add(key)
     built: set[tuple[Any, ...]] = set()  # (kernel, backend, variant) whose first item is already in
     out = []
-    for it, key in zip(items, build_keys(items, per_shape), strict=True):
+    for pos in sorted(chosen.values()):
+        it = items[pos]
         first = (it.kernel, it.backend, it.case.get("variant"))
-        if key not in seen:
-            seen.add(key)
-            # the first item of a build is checked (a wrong result shows here already); a later shape
-            # only compiles again, and its reference and check would be the sweep's work done twice
-            out.append(it if first not in built else dataclasses.replace(it, checked=False))
-            built.add(first)
+        # the first item of a build is checked (a wrong result shows here already); a later shape
+        # only compiles again, and its reference and check would be the sweep's work done twice
+        out.append(it if first not in built else dataclasses.replace(it, checked=False))
+        built.add(first)
     return out
 
 
