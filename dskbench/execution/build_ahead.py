@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dskbench.execution.build_memory import BuildMemory
 from dskbench.execution.gpu_lock import LOCK_ENV
 from dskbench.execution.items import SweepOptions, WorkItem
 
@@ -107,6 +108,7 @@ class Builder:
         jobs: int | None = None,
         build_s: dict[tuple[str, str], float] | None = None,
         per_shape: Callable[[str, str], bool] | None = None,
+        memory: BuildMemory | None = None,
     ) -> None:
         from dskbench.device.info import usable_cores
         from dskbench.execution import warm
@@ -115,7 +117,13 @@ class Builder:
         self.items = with_builds(items, keys)
         # every build unchecked: the measuring worker checks each case before it times it
         picked = warm.warm_items(self.items, per_shape) if per_shape else warm.warm_items(self.items)
-        self.picked = [dataclasses.replace(it, checked=False) for it in picked]
+        # the builds this box has done before for its GPU and stack are ready from the start
+        self.memory = (
+            memory if memory is not None else (BuildMemory.here() if opts.device == "cuda" else None)
+        )
+        known = self.memory.known(it.build or "" for it in picked) if self.memory else set()
+        self.already = len(known)
+        self.picked = [dataclasses.replace(it, checked=False) for it in picked if it.build not in known]
         self.opts, self.tokens = opts, list(gpu_tokens or [])
         # one core for the measuring worker, half the rest for builds (warm.default_jobs)
         self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
@@ -123,7 +131,7 @@ class Builder:
         self.build_s = build_s if build_s is not None else warm.packaged_build_times()
         self.folder = Path(tempfile.mkdtemp(prefix="dskbench-builds-"))
         self.ready_path = self.folder / "ready"
-        self.ready_path.touch()
+        self.ready_path.write_text("".join(f"{k}\n" for k in sorted(known)), encoding="utf-8")
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pool: Any = None
@@ -150,11 +158,16 @@ class Builder:
         self.results.append(r)
         took = f"{r.first_launch_s:7.1f} s" if r.first_launch_s is not None else " " * 9
         print(f"build: {r.status:7} {took}  {r.kernel} · {r.backend}", file=sys.stderr, flush=True)
+        if self.memory is not None:
+            self.memory.add(item.build or "", r.status)
         self._mark(item.build or "")
 
     def start(self) -> None:
         from dskbench.execution import warm
 
+        if not self.picked:  # every build done before on this box
+            self._mark(ALL_DONE)
+            return
         env_for = self.env_for if self.tokens else None
         self._pool = warm.warm_pool(
             self.picked, self.opts, self.jobs, self._done, self.tokens or None, self.build_s, env_for
@@ -181,6 +194,8 @@ class Builder:
         if not self.tokens:
             os.environ.pop(LOCK_ENV, None)
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self.memory is not None:
+            self.memory.save()
 
     def summary(self) -> str:
         counts: dict[str, int] = {}
@@ -188,9 +203,14 @@ class Builder:
             counts[r.status] = counts.get(r.status, 0) + 1
         longest = max((r.first_launch_s or 0.0 for r in self.results), default=0.0)
         parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        already = f"; {self.already} built before on this box" if self.already else ""
+        if not self.picked:
+            return f"built ahead: nothing to build{already}"
+        forgotten = self.memory.why_forgotten if self.memory is not None else None
         return (
             f"built ahead: {len(self.results)} of {len(self.picked)} builds ({parts}) in {self.jobs} jobs; "
-            f"longest {longest:.0f} s"
+            f"longest {longest:.0f} s{already}"
+            + (f" (builds not remembered: {forgotten})" if forgotten else "")
         )
 
 

@@ -48,13 +48,14 @@ def cache_dirs(env: Mapping[str, str] | None = None, home: Path | None = None) -
     }
 
 
-def _files(folder: Path) -> int:
+def count_files(folder: Path) -> int:
+    """Files under `folder` (0 when it does not exist)."""
     return sum(len(files) for _, _, files in os.walk(folder)) if folder.is_dir() else 0
 
 
 def is_fresh(dirs: Mapping[str, Path] | None = None) -> bool:
     """True when no JIT cache holds a file: a first run here compiles everything it meets."""
-    return all(_files(d) == 0 for d in (dirs or cache_dirs()).values())
+    return all(count_files(d) == 0 for d in (dirs or cache_dirs()).values())
 
 
 def stack_versions() -> dict[str, str | None]:
@@ -79,7 +80,7 @@ def manifest(dirs: Mapping[str, Path]) -> dict[str, Any]:
     return {
         "gpu_arch": gpu_arch(),
         "stack": stack_versions(),
-        "files": {name: _files(d) for name, d in dirs.items()},
+        "files": {name: count_files(d) for name, d in dirs.items()},
     }
 
 
