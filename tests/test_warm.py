@@ -15,6 +15,7 @@ import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whateve
 import tests.fake_shard_adapters  # noqa: E402,F401
 from dskbench.device.info import DeviceInfo  # noqa: E402
 from dskbench.execution import warm  # noqa: E402
+from dskbench.execution.build_memory import BuildMemory  # noqa: E402
 from dskbench.execution.runner import SweepOptions, WorkItem, execute_item, plan_sweep  # noqa: E402
 from dskbench.frontends import cli  # noqa: E402
 from dskbench.shapes.cases import default_shapes  # noqa: E402
@@ -145,8 +146,15 @@ def test_parallel_warm_reports_every_build_and_survives_a_crash(monkeypatch, tmp
     items, _ = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
     assert len(items) > len(kernels)  # several cases each: warm takes one
     seen = []
-    results = warm.run_warm(items, opts, jobs=3, gpu_tokens=["4", "5"], progress=seen.append)
+    caches = {"triton": tmp_path / "triton"}
+    caches["triton"].mkdir()
+    (caches["triton"] / "k.cubin").write_bytes(b"x")
+    memory = BuildMemory(tmp_path / "builds.json", caches)
+    results = warm.run_warm(items, opts, jobs=3, gpu_tokens=["4", "5"], progress=seen.append, memory=memory)
     assert [r.kernel for r in results] == kernels  # plan order, one each
+    # what built is remembered for a later run's builders; the wrong and the crashed are not
+    remembered = BuildMemory(tmp_path / "builds.json", caches).keys
+    assert {k.split(" · ")[0] for k in remembered} == {"fake_ok", "fake_env"}
     assert len(seen) == len(kernels)
     by = {r.kernel: r for r in results}
     assert by["fake_ok"].status == "ok" and by["fake_ok"].first_launch_s is not None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.device.info import DeviceInfo, usable_cores
+from dskbench.execution.build_memory import BuildMemory
 from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.sweep import case_limits, worker_plan
@@ -261,24 +262,33 @@ def run_warm(
     gpu_tokens: Sequence[str] | None = None,
     progress: Callable[[WarmResult], None] | None = None,
     build_s: dict[tuple[str, str], float] | None = None,
+    memory: BuildMemory | None = None,
 ) -> list[WarmResult]:
     """Prepare every warm item (no timing) in `jobs` worker processes at once.
 
     gpu_tokens: CUDA_VISIBLE_DEVICES value of each GPU to spread the workers over (round robin by
-    job); None leaves the environment as it is. Returns one WarmResult per item, in plan order.
+    job); None leaves the environment as it is. memory: where the builds done are remembered (a later
+    `run --build-ahead` leaves them out). Returns one WarmResult per item, in plan order.
     """
     picked = warm_items(items)
     if not picked:
         return []
     results: dict[int, WarmResult] = {}
+    keys = {it.index: key for it, key in zip(picked, build_keys(picked), strict=True)}
 
     def record(item: WorkItem, fields: dict[str, Any]) -> None:
         r = warm_result(item, fields)
         results[item.index] = r
+        if memory is not None:
+            memory.add(keys[item.index], r.status)
         if progress:
             progress(r)
 
-    warm_pool(picked, opts, jobs_for(items, jobs), record, gpu_tokens, build_s).run()
+    try:
+        warm_pool(picked, opts, jobs_for(items, jobs), record, gpu_tokens, build_s).run()
+    finally:
+        if memory is not None:
+            memory.save()
     return [results[it.index] for it in picked if it.index in results]
 
 
@@ -324,6 +334,7 @@ def warm(
             flush=True,
         ),
         build_s=build_s,
+        memory=BuildMemory.here() if opts.device == "cuda" else None,
     )
     wall = time.monotonic() - t0
     jobs = jobs_for(items, jobs)
