@@ -49,7 +49,7 @@ def test_the_default_is_todays_rule_with_todays_numbers():
         "max_samples": 10_000,
         "min_time_s": 0.03,
         "max_time_s": 1.5,
-        "band_noise": [[100.0, 0.02]],
+        "band_noise": [[0.0, 0.02], [5.0, 0.01], [100.0, 0.02]],
     }
 
 
@@ -82,6 +82,25 @@ def test_a_long_kernel_stops_at_its_bands_looser_target_a_short_one_does_not():
     assert short.noise <= 0.01 and len(short.samples) > 2.5 * len(long_loose.samples)
     assert long_loose.describe()["band_noise"] == [[100.0, 0.02]]
     assert "band_noise" not in long_tight.describe()
+
+
+def test_the_band_holding_the_median_sets_the_target_tighter_or_looser():
+    bands = MeasureSettings().band_noise  # 2% under 5 us, 1% from 5 us, 2% from 100 us
+    tiny, mid, long_ = (_run_at(us, band_noise=bands) for us in (2.0, 50.0, 2000.0))
+    assert tiny.target() == 0.02 and mid.target() == 0.01 and long_.target() == 0.02
+    assert tiny.noise <= 0.02 and mid.noise <= 0.01 and long_.noise <= 0.02
+    assert len(mid.samples) > 2.5 * max(len(tiny.samples), len(long_.samples))
+    tight = stopper_for(
+        "median-ci",
+        target_noise=0.05,
+        min_samples=5,
+        max_samples=9,
+        min_time_s=0,
+        max_time_s=1,
+        band_noise=((10.0, 0.01),),
+    )
+    tight.add([20.0] * 5)
+    assert tight.target() == 0.01  # a band may ask for less noise than the default, not only more
 
 
 def test_fixed_takes_exactly_n_samples_whatever_their_spread():

@@ -21,11 +21,12 @@ width. Without it a kernel of about one microsecond, whose samples fall on two o
 apart, could meet a 1% target only once both ends of its interval fell on one level, which took it
 hundreds to thousands of samples.
 
-``band_noise`` loosens the noise target by latency band: pairs (from_us, max_noise) say that once the
-samples' median is at least from_us, a noise of max_noise is enough. A kernel's verdicts in `compare` are
-bounded by its run-to-run floor, not by the interval of one run; where that floor is several percent (long
-kernels), sampling to 1% only costs time: for a 2 ms GEMM the 1% interval takes about four times the
-samples of a 2% one.
+``band_noise`` sets the noise target by latency band: pairs (from_us, max_noise), the band with the
+largest from_us at or under the samples' median setting the target (``target_noise`` below every band,
+and until the median is known). A kernel's verdicts in `compare` are bounded by its run-to-run floor, not
+by the interval of one run; where that floor is several percent (kernels under 5 us, and from 100 us
+up), sampling to 1% only costs time: for a 2 ms GEMM the 1% interval takes about four times the samples
+of a 2% one.
 """
 
 from __future__ import annotations
@@ -96,12 +97,12 @@ class Stopper:
         return out
 
     def target(self) -> float:
-        """The noise that stops sampling now: target_noise, loosened by band_noise for the median seen
-        at the last evaluation."""
+        """The noise that stops sampling now: that of the band holding the median seen at the last
+        evaluation (band_noise), else target_noise."""
         t = self.target_noise
-        for lo, noise in self.band_noise:
+        for lo, noise in self.band_noise:  # sorted by lo
             if self.median_us >= lo:
-                t = max(t, noise)
+                t = noise
         return t
 
     def _evaluate(self) -> None:
