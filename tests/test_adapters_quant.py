@@ -74,7 +74,7 @@ def test_group_references_are_within_one_rounding_of_the_input():
         a = get_adapter(kernel)
         case = _case(kernel, variant="K1536")
         inp = a.make_inputs(case, "cpu", 1)
-        q, s = a.reference(inp, case)
+        q, s, _ = a.reference(inp, case)
         assert q.shape == (16, 1536) and s.shape == (16, 12) and s.dtype == torch.float32
         scale = s.repeat_interleave(128, dim=1)
         x = inp["x"].float()
@@ -106,7 +106,7 @@ def _ref(kernel: str, seed: int = 2):
 
 
 def test_check_accepts_rare_one_step_differences():
-    a, case, (q, s) = _ref("sgl_per_token_group_quant_fp8")
+    a, case, (q, s, _) = _ref("sgl_per_token_group_quant_fp8")
     assert a.check((q, s), (q, s), case).ok
     q2 = q.float()
     v = q2[0, 0].item()
@@ -117,7 +117,7 @@ def test_check_accepts_rare_one_step_differences():
 def test_one_step_codes_on_a_short_row_are_not_a_dequant_failure():
     # an H200 sweep (2026-11-21) reported right kernels as wrong: 3 int8 codes one step off in a
     # [1, 1536] output put the dequantised error at 2.3%, over a fixed 5e-3
-    a, case, (q, s) = _ref("sgl_per_token_group_quant_int8")
+    a, case, (q, s, _) = _ref("sgl_per_token_group_quant_int8")
     q1, s1 = q[:1].clone(), s[:1]
     small = (q1[0].abs() == 1).nonzero().flatten()[:20]  # 0.3% of the row, at magnitude 1: 100% each
     off = q1.clone()
@@ -130,13 +130,13 @@ def test_one_step_codes_on_a_short_row_are_not_a_dequant_failure():
 
 
 def test_check_rejects_wrong_codes_and_scales():
-    a, case, (q, s) = _ref("sgl_per_token_group_quant_fp8")
+    a, case, (q, s, _) = _ref("sgl_per_token_group_quant_fp8")
     assert not a.check((q, s * 1.001), (q, s), case).ok  # scale off the formula
     assert not a.check(((q.float() * 1.3).to(FP8), s), (q, s), case).ok  # many codes off
     far = q.float()
     far[0, 0] = far[0, 0] * 2 + 1
     assert not a.check((far.to(FP8), s), (q, s), case).ok  # one code off by more than a step
-    ai, icase, (qi, si) = _ref("sgl_per_token_group_quant_int8")
+    ai, icase, (qi, si, _) = _ref("sgl_per_token_group_quant_int8")
     assert ai.check((qi, si), (qi, si), icase).ok
     x = ai.make_inputs(icase, "cpu", 2)["x"].float().view(16, -1, 128)
     rounded = (x * (127 / x.abs().amax(-1, keepdim=True))).round().to(torch.int8).view(16, -1)
@@ -311,3 +311,25 @@ def test_fp8_quantize_binder_follows_the_sglang_signature():
         assert x is inp["x"]  # the strided view itself, no copy
         assert (scale_inv, out_arg, dtype, pdl) == (1.0, None, FP8, False)  # SGLang's call; no PDL on a CPU
         assert a.check(out, a.reference(inp, case), case).ok
+
+
+def test_codes_at_a_rounding_tie_may_round_either_way():
+    # bf16 inputs over a bf16 amax land exactly on e4m3 midpoints often (an amax of 28 makes 448 / amax
+    # = 16: about 6% of the codes); a kernel dividing by the rounded scale rounds those the other way
+    a, case = get_adapter("sgl_per_token_group_quant_fp8"), _case("sgl_per_token_group_quant_fp8")
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(1, 2048, generator=gen) * 3).clamp(-27, 27)
+    x[0, ::128] = 28.0  # each group's amax
+    x = x.to(torch.bfloat16)
+    q, s, ties = rounding.quantize_ref_with_ties(x, 128, FP8)
+    assert 0.02 < float(ties.float().mean()) < 0.2
+    y = x.float().view(1, 16, 128) * (448.0 / 28.0)
+    away = (y * (1 + 2.0**-21)).clamp(-448, 448).to(FP8).view(1, 2048)  # ties rounded up, not to even
+    assert float((away.float() != q.float()).float().mean()) > rounding.MAX_MISMATCH
+    chk = a.check((away, s), (q, s, ties), case)
+    assert chk.ok and "at ties:" in chk.detail
+    assert not a.check((away, s), (q, s), case).ok  # without the ties: too many codes off
+    wrong = away.float().clone()
+    free = (~ties[0]).nonzero().flatten()[:40]  # 2% of the codes off where no tie excuses them
+    wrong[0, free] += rounding.fp8_step(wrong[0, free].abs()) * wrong[0, free].sign()
+    assert not a.check((wrong.to(FP8), s), (q, s, ties), case).ok

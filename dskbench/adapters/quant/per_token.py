@@ -15,7 +15,14 @@ from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
 from dskbench.adapters.common.inputs import FP8, SGLANG_SM90, generator, nbytes
-from dskbench.adapters.quant.rounding import DTYPE, activations, check_quant, dims, own_op, quantize_ref
+from dskbench.adapters.quant.rounding import (
+    DTYPE,
+    activations,
+    check_quant,
+    dims,
+    own_op,
+    quantize_ref_with_ties,
+)
 from dskbench.shapes.cases import Case
 
 
@@ -56,9 +63,11 @@ class PerTokenQuantFp8Adapter(Adapter):
     def applies(self, case: Case) -> bool:
         return own_op(self, case)
 
-    def reference(self, inputs: dict[str, Any], case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    def reference(
+        self, inputs: dict[str, Any], case: Case
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = inputs["x"]
-        return quantize_ref(x, x.shape[1], FP8)
+        return quantize_ref_with_ties(x, x.shape[1], FP8)
 
     def check(self, out: Any, ref: Any, case: Case) -> Check:
         return check_quant(out, ref, case)

@@ -42,7 +42,7 @@ from dskbench.adapters.quant.rounding import (
     check_quant,
     dims,
     own_op,
-    quantize_ref,
+    quantize_ref_with_ties,
 )
 from dskbench.shapes.cases import Case
 
@@ -171,8 +171,10 @@ class _GroupQuant(Adapter):
         m, k = dims(case)
         return {"x": activations(m, k, generator(seed), device)}
 
-    def reference(self, inputs: dict[str, Any], case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-        return quantize_ref(inputs["x"], GROUP, self.out_dtype)
+    def reference(
+        self, inputs: dict[str, Any], case: Case
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return quantize_ref_with_ties(inputs["x"], GROUP, self.out_dtype)
 
     def applies(self, case: Case) -> bool:
         return own_op(self, case)
