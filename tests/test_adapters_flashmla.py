@@ -167,6 +167,22 @@ def test_sparse_prefill_indices_are_causal_and_within_the_request():
         assert torch.allclose(ref[r].double(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_prefill_indices_in_key_chunks_are_causal_distinct_and_seeded(monkeypatch):
+    monkeypatch.setattr(FP, "PREFILL_KEYS", 200)  # key chunks of a few token positions
+    slots = torch.randperm(200, generator=torch.Generator().manual_seed(1))[:90]
+    idx = FP.prefill_indices(slots, 3, 6, torch.Generator().manual_seed(2))
+    assert idx.shape == (90, 1, 6) and idx.dtype == torch.int32
+    for r in range(90):
+        req, i = divmod(r, 30)
+        k, row = min(i + 1, 6), idx[r, 0]
+        assert (row[k:] == -1).all() and len(set(row[:k].tolist())) == k
+        assert set(row[:k].tolist()) <= set(slots[req * 30 : req * 30 + i + 1].tolist())
+        assert int(row[k - 1 if i < 6 else 0]) == int(slots[r])  # its own token
+    assert torch.equal(idx, FP.prefill_indices(slots, 3, 6, torch.Generator().manual_seed(2)))
+    short = FP.prefill_indices(slots[:8], 2, 6, torch.Generator().manual_seed(2))  # topk > 4 tokens a request
+    assert torch.equal(short[5, 0], torch.tensor([*slots[4:6].tolist(), -1, -1, -1, -1], dtype=torch.int32))
+
+
 def test_sparse_reference_chunks_equal_a_per_query_loop(monkeypatch):
     """Chunked queries (several chunks, padded columns, a query with no valid index) match one query at a
     time over its valid rows."""
