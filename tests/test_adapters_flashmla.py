@@ -115,6 +115,36 @@ def test_sparse_decode_inputs_and_reference():
             assert torch.allclose(ref[i].double(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_sparse_indices_with_uneven_lengths_are_distinct_own_tokens_and_seeded():
+    """Requests shorter than, equal to and longer than topk, in one batch (positions past a request's length
+    never chosen)."""
+    lens = torch.tensor([5, 128, 300, 256, 1], dtype=torch.int32)
+    pt = torch.randperm(5 * 3, generator=torch.Generator().manual_seed(0)).view(5, 3).to(torch.int32)
+    idx = FM.sparse_indices(pt, lens, 256, torch.Generator().manual_seed(7))
+    assert idx.shape == (5, 1, 256) and idx.dtype == torch.int32
+    for i, n in enumerate(lens.tolist()):
+        k = min(n, 256)
+        row = idx[i, 0]
+        assert (row[k:] == -1).all() and (row[:k] >= 0).all()
+        assert len(set(row[:k].tolist())) == k
+        assert set(row[:k].tolist()) <= set(token_slots(pt[i], n).tolist())
+    assert torch.equal(idx, FM.sparse_indices(pt, lens, 256, torch.Generator().manual_seed(7)))
+    assert not torch.equal(idx, FM.sparse_indices(pt, lens, 256, torch.Generator().manual_seed(8)))
+
+
+def test_sparse_decode_inputs_are_seeded_and_every_chunk_quantised(monkeypatch):
+    monkeypatch.setattr(FM, "FP8_DRAW_ROWS", 100)  # 1152 cache rows: 12 chunks, the last one short
+    c = _decode_case(True, kv_len=300, topk=256)
+    a = get_adapter("flash_mla_with_kvcache")
+    x, y = a.make_inputs(c, "cpu", 2), a.make_inputs(c, "cpu", 2)
+    for name in ("q", "page_table", "indices", "cache_seqlens"):
+        assert torch.equal(x[name], y[name]), name
+    assert torch.equal(x["kv_cache"].view(torch.uint8), y["kv_cache"].view(torch.uint8))
+    assert x["kv_cache"].shape[0] == x["page_table"].numel() * 128 == 1152
+    nope = x["kv_cache"][:, :512].float().view(-1, 4, 128)
+    assert (nope.abs().amax(-1) == 448.0).all()  # each tile's largest value scales to e4m3's max
+
+
 def test_sparse_prefill_indices_are_causal_and_within_the_request():
     c = _prefill_case(t=40, reqs=2, topk=8)
     a = get_adapter("flash_mla_sparse_fwd")
@@ -135,6 +165,22 @@ def test_sparse_prefill_indices_are_causal_and_within_the_request():
         valid = idx[r][idx[r] >= 0].long()
         want = _attend(x["q"][r], x["kv"][valid], case_softmax_scale(c))
         assert torch.allclose(ref[r].double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_indices_in_key_chunks_are_causal_distinct_and_seeded(monkeypatch):
+    monkeypatch.setattr(FP, "PREFILL_KEYS", 200)  # key chunks of a few token positions
+    slots = torch.randperm(200, generator=torch.Generator().manual_seed(1))[:90]
+    idx = FP.prefill_indices(slots, 3, 6, torch.Generator().manual_seed(2))
+    assert idx.shape == (90, 1, 6) and idx.dtype == torch.int32
+    for r in range(90):
+        req, i = divmod(r, 30)
+        k, row = min(i + 1, 6), idx[r, 0]
+        assert (row[k:] == -1).all() and len(set(row[:k].tolist())) == k
+        assert set(row[:k].tolist()) <= set(slots[req * 30 : req * 30 + i + 1].tolist())
+        assert int(row[k - 1 if i < 6 else 0]) == int(slots[r])  # its own token
+    assert torch.equal(idx, FP.prefill_indices(slots, 3, 6, torch.Generator().manual_seed(2)))
+    short = FP.prefill_indices(slots[:8], 2, 6, torch.Generator().manual_seed(2))  # topk > 4 tokens a request
+    assert torch.equal(short[5, 0], torch.tensor([*slots[4:6].tolist(), -1, -1, -1, -1], dtype=torch.int32))
 
 
 def test_sparse_reference_chunks_equal_a_per_query_loop(monkeypatch):

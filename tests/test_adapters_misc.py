@@ -83,3 +83,16 @@ def test_randn_draws_a_large_tensor_in_chunks_and_a_small_one_as_before(monkeypa
     assert bool((big[-1] != 0).any()) and abs(float(big.float().std()) - 2.0) < 0.1
     again = inputs.randn((64, 100), inputs.generator(3), "cpu", scale=2.0)
     assert torch.equal(big, again)  # one seed, one tensor
+
+
+def test_normal_draws_in_the_target_dtype_and_is_seeded():
+    import torch
+
+    from dskbench.adapters.common import inputs
+
+    x = inputs.normal((256, 100), inputs.generator(3), "cpu", scale=2.0)
+    assert x.shape == (256, 100) and x.dtype == torch.bfloat16
+    assert abs(float(x.float().std()) - 2.0) < 0.05 and abs(float(x.float().mean())) < 0.05
+    assert torch.equal(x, inputs.normal((256, 100), inputs.generator(3), "cpu", scale=2.0))
+    assert not torch.equal(x, inputs.normal((256, 100), inputs.generator(4), "cpu", scale=2.0))
+    assert inputs.normal((4,), inputs.generator(3), "cpu", torch.float32).dtype == torch.float32

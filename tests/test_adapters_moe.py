@@ -77,6 +77,20 @@ def test_int4_packing_roundtrip_and_nibble_order():
     assert torch.equal(unpack_int4(pack_int4(r)), r)
 
 
+def test_int4_packed_bytes_are_uniform_int4_pairs_and_seeded():
+    from dskbench.adapters.moe.inputs import int4_packed
+
+    p = int4_packed((3, 64, 256), torch.Generator().manual_seed(1), "cpu")
+    assert p.shape == (3, 64, 128) and p.dtype == torch.int8
+    q = unpack_int4(p)
+    assert q.shape == (3, 64, 256) and int(q.min()) == -8 and int(q.max()) == 7
+    counts = torch.bincount((q.flatten() + 8).long(), minlength=16).float()
+    assert (counts / counts.mean() - 1).abs().max() < 0.1  # every nibble value about equally often
+    for nibbles in (q[..., 0::2], q[..., 1::2]):  # low and high nibbles alike (INT4_STD)
+        assert abs(float(nibbles.float().std()) - 4.6) < 0.1
+    assert torch.equal(p, int4_packed((3, 64, 256), torch.Generator().manual_seed(1), "cpu"))
+
+
 def test_w4a8_scale_interleave_matches_sglang_layout():
     s = torch.arange(2 * 3 * 8, dtype=torch.float32).view(2, 3, 8)  # [E, N, K/128] with K/128 = 8
     il = interleave_w4a8_scales(s)

@@ -15,7 +15,7 @@ import torch
 
 from dskbench.adapters.attention.mla import case_softmax_scale
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.inputs import generator, normal
 from dskbench.shapes.cases import Case
 
 PAGE = 128  # page granularity of the shared decode cache (lcm of the backends' page sizes 1, 64, 128)
@@ -89,11 +89,15 @@ class MlaDecode(Adapter):
         gen = generator(seed)
         perm = torch.randperm(b * pages_per_req, generator=gen)
         return {
-            "q": randn((b, nh, dqk), gen, device),
-            "kv_cache": randn((b * pages_per_req * PAGE, dqk), gen, device),
+            "q": normal((b, nh, dqk), gen, device),
+            "kv_cache": self.kv_cache(b * pages_per_req * PAGE, case, gen, device),
             "page_table": perm.view(b, pages_per_req).to(torch.int32).to(device),
             "seq_lens": torch.full((b,), kv_len, dtype=torch.int32, device=device),
         }
+
+    def kv_cache(self, tokens: int, case: Case, gen: torch.Generator, device: str) -> torch.Tensor:
+        """The latent cache, [tokens, 576] bf16 normal rows (drawn in bf16: it is up to 40 GB)."""
+        return normal((tokens, int(case.dims["Lkv"]) + int(case.dims["Dr"])), gen, device)
 
     def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
         return mla_decode_reference(

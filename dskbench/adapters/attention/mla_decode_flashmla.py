@@ -25,16 +25,17 @@ import torch
 
 from dskbench.adapters import register
 from dskbench.adapters.attention.mla import case_softmax_scale
-from dskbench.adapters.attention.mla_decode import MlaDecode, sub_pages, token_slots
+from dskbench.adapters.attention.mla_decode import PAGE, MlaDecode, sub_pages
 from dskbench.adapters.backends import SM90_ONLY, Backend, Requirement
 from dskbench.adapters.base import Traffic
-from dskbench.adapters.common.inputs import generator
+from dskbench.adapters.common.inputs import device_generator, generator, normal
 from dskbench.shapes.cases import Case
 
 FLASHMLA_PAGE = 64  # SGLang's flashmla / dsa page size
 FLASHMLA_EXTENSION = "sgl_kernel.flashmla_ops"  # the compiled module sgl_kernel/flash_mla.py imports
 FP8_TILE = 128  # values of c_kv per fp32 scale in FlashMLA's FP8 cache
 FP8_MAX = 448.0
+FP8_DRAW_ROWS = 1 << 20  # tokens of the FP8 cache drawn and quantised at once
 SM90_OR_SM100 = Requirement(windows=((90, 90), (100, 103)))  # FlashMLA's sparse kernels: sm90 and sm100
 
 
@@ -55,19 +56,22 @@ def padded_heads(nh: int) -> int:
 # -- FP8 cache ------------------------------------------------------------------------------------------
 
 
-def quantize_fp8_rows(rows: torch.Tensor, lkv: int) -> torch.Tensor:
+def quantize_fp8_rows(rows: torch.Tensor, lkv: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """[n, lkv + rope] bf16 -> [n, 656] float8_e4m3fn bytes in FlashMLA's layout (sglang's quantize_k_cache:
-    scale = max|x| / 448 per 128-value tile, e4m3 = x / scale; k_pe kept in bf16)."""
+    scale = max|x| / 448 per 128-value tile, e4m3 = x / scale; k_pe kept in bf16), written into `out` when
+    given. The tile maxima and the scaled e4m3 values are computed from the bf16 rows without an fp32 copy
+    of them (a GPU casts inside the division)."""
     n, d = rows.shape
     tiles = lkv // FP8_TILE
-    out = torch.empty(n, fp8_row_bytes(lkv, d - lkv), dtype=torch.uint8, device=rows.device)
-    nope = rows[:, :lkv].float().view(n, tiles, FP8_TILE)
-    scale = nope.abs().amax(dim=-1).clamp_min(1e-30) / FP8_MAX  # [n, tiles]
-    q8 = (nope / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(n, lkv)
-    out[:, :lkv] = q8.view(torch.uint8)
-    out[:, lkv : lkv + 4 * tiles] = scale.contiguous().view(torch.uint8)
-    out[:, lkv + 4 * tiles :] = rows[:, lkv:].to(torch.bfloat16).contiguous().view(torch.uint8)
-    return out.view(torch.float8_e4m3fn)
+    if out is None:
+        out = torch.empty(n, fp8_row_bytes(lkv, d - lkv), dtype=torch.float8_e4m3fn, device=rows.device)
+    b = out.view(torch.uint8)
+    nope = rows[:, :lkv].view(n, tiles, FP8_TILE)
+    scale = nope.abs().amax(dim=-1).float().clamp_min_(1e-30).div_(FP8_MAX)  # [n, tiles]; bf16 max is exact
+    torch.div(nope, scale.unsqueeze(-1), out=out[:, :lkv].view(n, tiles, FP8_TILE))
+    b[:, lkv : lkv + 4 * tiles] = scale.view(torch.uint8)
+    b[:, lkv + 4 * tiles :] = rows[:, lkv:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return out
 
 
 def dequantize_fp8_rows(cache: torch.Tensor, lkv: int) -> torch.Tensor:
@@ -85,14 +89,22 @@ def sparse_indices(
     page_table: torch.Tensor, seq_lens: torch.Tensor, topk: int, gen: torch.Generator
 ) -> torch.Tensor:
     """[B, 1, topk] int32 token slots: min(len, topk) distinct tokens of each request (random, as an
-    indexer's choice), -1 after them."""
-    b = seq_lens.numel()
-    out = torch.full((b, 1, topk), -1, dtype=torch.int32)
-    for i, n in enumerate(seq_lens.tolist()):
-        k = min(n, topk)
-        pos = torch.randperm(n, generator=gen)[:k]
-        out[i, 0, :k] = token_slots(page_table[i].cpu(), n)[pos].to(torch.int32)
-    return out.to(seq_lens.device)
+    indexer's choice), -1 after them.
+
+    Drawn on the page table's device without a host loop: each token position gets a random key (positions
+    past the request's length key below any draw), a request keeps the positions of its top-k keys and
+    maps them through its page table."""
+    b, dev = seq_lens.numel(), seq_lens.device
+    n_max = page_table.shape[1] * PAGE
+    k = min(topk, n_max)
+    keys = torch.rand((b, n_max), generator=device_generator(gen, str(dev)), device=dev)
+    keys.masked_fill_(torch.arange(n_max, device=dev) >= seq_lens.unsqueeze(1), -1.0)
+    pos = keys.topk(k, dim=1).indices  # [B, k]: the valid positions first, in random order
+    slots = page_table.long().gather(1, pos // PAGE) * PAGE + pos % PAGE
+    valid = torch.arange(k, device=dev) < seq_lens.clamp(max=topk).unsqueeze(1)
+    out = torch.full((b, 1, topk), -1, dtype=torch.int32, device=dev)
+    out[:, 0, :k] = slots.masked_fill_(~valid, -1).to(torch.int32)
+    return out
 
 
 # fp32 elements of gathered cache rows per chunk of queries: a GPU amortises its launches over 256 MiB
@@ -244,21 +256,22 @@ class FlashMlaWithKvcache(MlaDecode):
         inputs = super().make_inputs(case, device, seed)
         if not is_sparse(case):
             return inputs
-        d = case.dims
-        lkv, topk = int(d["Lkv"]), int(d["topk"])
-        bf16 = inputs.pop("kv_cache")
-        chunk = 1 << 20  # quantise a million tokens at a time (the bf16 cache is freed after)
-        fp8 = torch.empty(
-            bf16.shape[0], fp8_row_bytes(lkv, int(d["Dr"])), dtype=torch.float8_e4m3fn, device=device
-        )
-        for s in range(0, bf16.shape[0], chunk):
-            fp8[s : s + chunk] = quantize_fp8_rows(bf16[s : s + chunk], lkv)
-        del bf16
-        gen = generator(seed + 1)
-        inputs["kv_cache"] = fp8
+        topk, gen = int(case.dims["topk"]), generator(seed + 1)
         inputs["indices"] = sparse_indices(inputs["page_table"], inputs["seq_lens"], topk, gen)
         inputs["cache_seqlens"] = inputs["seq_lens"].clamp(max=topk)  # compute_dsa_seqlens
         return inputs
+
+    def kv_cache(self, tokens: int, case: Case, gen: torch.Generator, device: str) -> torch.Tensor:
+        """Sparse: FlashMLA's FP8 cache, quantised from bf16 rows drawn FP8_DRAW_ROWS tokens at a time
+        (no full bf16 cache beside it)."""
+        if not is_sparse(case):
+            return super().kv_cache(tokens, case, gen, device)
+        lkv, dr = int(case.dims["Lkv"]), int(case.dims["Dr"])
+        out = torch.empty(tokens, fp8_row_bytes(lkv, dr), dtype=torch.float8_e4m3fn, device=device)
+        for s in range(0, tokens, FP8_DRAW_ROWS):
+            n = min(FP8_DRAW_ROWS, tokens - s)
+            quantize_fp8_rows(normal((n, lkv + dr), gen, device), lkv, out[s : s + n])
+        return out
 
     def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
         if not is_sparse(case):

@@ -24,7 +24,7 @@ from dskbench.adapters.attention.mla_decode_flashmla import (
 )
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.inputs import device_generator, generator, normal
 from dskbench.shapes.cases import Case
 
 
@@ -36,22 +36,35 @@ def prefill_layout(case: Case) -> tuple[int, int, int]:
     return t, reqs, t // reqs
 
 
+PREFILL_KEYS = 1 << 26  # random keys drawn at once by prefill_indices (256 MiB of fp32)
+
+
 def prefill_indices(slots: torch.Tensor, reqs: int, topk: int, gen: torch.Generator) -> torch.Tensor:
     """[T, 1, topk] int32: token i of a request keeps min(i + 1, topk) distinct slots among its request's
-    tokens 0..i (its own always included), -1 after them. `slots` [T] are the tokens' cache rows."""
-    t = slots.numel()
+    tokens 0..i (its own always included), -1 after them. `slots` [T] are the tokens' cache rows.
+
+    Built on `slots`' device without a loop over tokens: a request's first topk tokens keep all of
+    0..i in order; a later token keeps itself, then the tokens of its topk - 1 largest random keys among
+    its earlier ones (keys drawn for a chunk of token positions of every request at once)."""
+    t, dev = slots.numel(), slots.device
     local = t // reqs
-    out = torch.full((t, 1, topk), -1, dtype=torch.int32)
-    for row in range(t):
-        r, i = divmod(row, local)
-        base = r * local
-        k = min(i + 1, topk)
-        if i + 1 <= topk:
-            pos = torch.arange(i + 1)
-        else:
-            pos = torch.cat([torch.tensor([i]), torch.randperm(i, generator=gen)[: k - 1]])
-        out[row, 0, :k] = slots[base + pos].to(torch.int32)
-    return out
+    own = slots.view(reqs, local).to(torch.int32)
+    out = torch.full((reqs, local, topk), -1, dtype=torch.int32, device=dev)
+    head = min(topk, local)
+    col = torch.arange(head, device=dev)
+    earlier = col.unsqueeze(0) <= col.unsqueeze(1)  # [i, j]: j <= i
+    out[:, :head, :head] = torch.where(earlier, own[:, None, :head], -1)
+    g = device_generator(gen, str(dev))
+    step = max(1, PREFILL_KEYS // (reqs * local))
+    for s in range(head, local, step):
+        n = min(step, local - s)
+        i = torch.arange(s, s + n, device=dev)
+        keys = torch.rand((reqs, n, s + n), generator=g, device=dev)
+        keys.masked_fill_(torch.arange(s + n, device=dev) >= i.unsqueeze(1), -1.0)  # only j < i
+        pos = keys.topk(topk - 1, dim=-1).indices  # every one valid: i >= topk earlier tokens
+        out[:, s : s + n, 0] = own[:, s : s + n]
+        out[:, s : s + n, 1:] = own.gather(1, pos.flatten(1)).view(reqs, n, topk - 1)
+    return out.view(t, 1, topk)
 
 
 def padded_heads_prefill(nh: int, multiple: int = 64) -> int:
@@ -110,9 +123,9 @@ class FlashMlaSparseFwd(Adapter):
         rows = 2 * t  # the cache holds other requests' tokens too: the extend's tokens sit at scattered slots
         slots = torch.randperm(rows, generator=gen)[:t]
         return {
-            "q": randn((t, nh, dqk), gen, device),
-            "kv": randn((rows, dqk), gen, device),
-            "indices": prefill_indices(slots, reqs, topk, gen).to(device),
+            "q": normal((t, nh, dqk), gen, device),
+            "kv": normal((rows, dqk), gen, device),
+            "indices": prefill_indices(slots.to(device), reqs, topk, gen),
         }
 
     def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:

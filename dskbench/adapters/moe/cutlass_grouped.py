@@ -16,7 +16,7 @@ from dskbench.adapters import register
 from dskbench.adapters.backends import SM90_ONLY, Backend, Requirement
 from dskbench.adapters.base import Adapter, Traffic
 from dskbench.adapters.common import fp8
-from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.inputs import generator, normal
 from dskbench.adapters.common.routing import expert_counts, sorted_by_expert
 from dskbench.adapters.moe.inputs import (
     BF16,
@@ -113,7 +113,7 @@ class _Fp8GroupedMm(Adapter):
         _t, e, _topk_, n, k, _ = moe_gemm_dims(case)
         prob = _grouped_problem(case, device, seed, swapped=False)
         gen = generator(seed)
-        a, a_scale = fp8.per_token_group_quant(randn((prob.pop("rows"), k), gen, device), GROUP)
+        a, a_scale = fp8.per_token_group_quant(normal((prob.pop("rows"), k), gen, device), GROUP)
         return {
             "a": a,
             "a_scale": a_scale,
@@ -232,7 +232,7 @@ class CutlassW4a8MoeMm(Adapter):
         _t, e, _topk_, n, k, _ = moe_gemm_dims(case)
         prob = _grouped_problem(case, device, seed, swapped=True)
         gen = generator(seed)
-        a, a_scale = fp8.per_tensor_quant(randn((prob.pop("rows"), k), gen, device))
+        a, a_scale = fp8.per_tensor_quant(normal((prob.pop("rows"), k), gen, device))
         w = make_expert_weights(e, n, k, "w4a8", device, gen)
         assert w.scale is not None
         return {

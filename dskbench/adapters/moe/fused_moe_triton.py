@@ -21,7 +21,7 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Traffic
-from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.inputs import generator, normal
 from dskbench.adapters.moe.inputs import (
     BF16,
     GROUP,
@@ -152,7 +152,7 @@ class FusedMoeKernel(Adapter):
         gen = generator(seed)
         rows = t if gate_up else t * topk
         return {
-            "a": randn((rows, k), gen, device),
+            "a": normal((rows, k), gen, device),
             **weights_inputs(make_expert_weights(e, n, k, case.dims["weight"], device, gen)),
             "topk_ids": route.topk_ids,
             "topk_weights": route.topk_weights,

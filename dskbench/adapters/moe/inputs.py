@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dskbench.adapters.common import fp8
-from dskbench.adapters.common.inputs import device_generator, randn, uniform
+from dskbench.adapters.common.inputs import device_generator, normal, uniform
 from dskbench.adapters.common.routing import Routing, active_experts, deepseek_routing, fuse_shared_experts
 from dskbench.shapes.cases import Case
 
@@ -97,16 +97,20 @@ def moe_gemm_dims(case: Case) -> tuple[int, int, int, int, int, bool]:
 
 
 def fp8_values(shape: tuple[int, ...], gen: torch.Generator, device: str) -> torch.Tensor:
-    """Random e4m3 values spread like a block-quantised weight (|q| up to ~448, std 112)."""
-    x = randn(shape, gen, device, BF16, FP8_WEIGHT_STD)
+    """Random e4m3 values spread like a block-quantised weight (|q| up to ~448, std 112), drawn in bf16
+    (no fp32 draw: expert weights are billions of values)."""
+    x = normal(shape, gen, device, BF16, FP8_WEIGHT_STD)
     return x.clamp_(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE)
 
 
-def int4_packed(shape: tuple[int, int], gen: torch.Generator, device: str) -> torch.Tensor:
-    """Random signed int4 [N, K] packed two per int8 byte, even k in the low nibble -> int8 [N, K/2]."""
+def int4_packed(shape: tuple[int, ...], gen: torch.Generator, device: str) -> torch.Tensor:
+    """Random signed int4 [..., K] packed two per int8 byte, even k in the low nibble -> int8 [..., K/2].
+
+    A uniform random byte is two independent uniform int4 nibbles in [-8, 7], so the bytes are drawn
+    directly (one kernel, no unpacked values)."""
     g = device_generator(gen, device)
-    q = torch.randint(-8, 8, shape, generator=g, device=device, dtype=torch.int8)
-    return pack_int4(q)
+    packed = (*shape[:-1], shape[-1] // 2)
+    return torch.randint(-128, 128, packed, generator=g, device=device, dtype=torch.int8)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -189,7 +193,7 @@ def make_expert_weights(
     std = 1.0 / math.sqrt(k)
     if fmt == "bf16":
         return ExpertWeights(
-            fmt, per_expert(lambda m: randn((m, n, k), gen, device, BF16, std), num_experts, device)
+            fmt, per_expert(lambda m: normal((m, n, k), gen, device, BF16, std), num_experts, device)
         )
     if fmt == "fp8_block":
         w = per_expert(lambda m: fp8_values((m, n, k), gen, device), num_experts, device)
@@ -198,9 +202,7 @@ def make_expert_weights(
         s = per_expert(lambda m: uniform((m, nb, kb), gen, device, lo, hi), num_experts, device)
         return ExpertWeights(fmt, w, s)
     if fmt == "w4a8":
-        w = per_expert(
-            lambda m: torch.stack([int4_packed((n, k), gen, device) for _ in range(m)]), num_experts, device
-        )
+        w = per_expert(lambda m: int4_packed((m, n, k), gen, device), num_experts, device)
         lo, hi = 0.75 * std / INT4_STD, 1.25 * std / INT4_STD
         s = per_expert(lambda m: uniform((m, n, k // GROUP), gen, device, lo, hi, BF16), num_experts, device)
         return ExpertWeights(fmt, w, s)

@@ -12,7 +12,7 @@ from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
 from dskbench.adapters.common import fp8
-from dskbench.adapters.common.inputs import exact_check, generator, randn
+from dskbench.adapters.common.inputs import exact_check, generator, normal, randn
 from dskbench.adapters.common.routing import sorted_by_expert
 from dskbench.adapters.moe.cutlass_prepare import prepare_reference
 from dskbench.adapters.moe.inputs import BF16, GROUP, routing, topk
@@ -91,12 +91,12 @@ class ApplyShuffleMulSum(Adapter):
     def make_inputs(self, case: Case, device: str, seed: int) -> dict[str, Any]:
         d = case.dims
         t, k = int(d["T"]), topk(case)
-        route = routing(case, device, seed)
+        route = routing(case, "cpu", seed)  # the permutation is built on the host: no round trip
         out_perm = prepare_reference(route.topk_ids, int(d["E"]), int(d["I"]), int(d["H"]))[4]
         return {
-            "c2": randn((t * k, int(d["H"])), generator(seed), device),
+            "c2": normal((t * k, int(d["H"])), generator(seed), device),
             "permutation": out_perm.to(device),
-            "factors": route.topk_weights.to(BF16),  # the caller casts to the output dtype
+            "factors": route.topk_weights.to(device, BF16),  # the caller casts to the output dtype
         }
 
     def reference(self, inputs: dict[str, Any], case: Case) -> torch.Tensor:
