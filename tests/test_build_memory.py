@@ -33,7 +33,8 @@ def test_builds_are_remembered_with_the_caches_they_filled(tmp_path):
     assert first.keys == set() and first.why_forgotten is None  # empty caches: nothing to remember yet
     _put(dirs["triton"], "k1.cubin")
     first.add("k · triton · T=1", "ok")
-    first.add("k · fi · -", "skipped")
+    first.add("k · fi · -", "ok")
+    first.add("k · gone · -", "skipped")  # not installed here: maybe next time
     first.add("k · bad · -", "error")  # tried again next time
     first.save()
     again = BuildMemory(path, dirs)

@@ -4,8 +4,8 @@ for the others.
 Why: with warm JIT caches every build is a cache hit, but a builder still makes its case's inputs and
 launches it, in processes of their own beside the measuring worker; on a box that has built them all
 that is a sweep's worth of input making and GPU work spent again for nothing, and it slowed the
-measuring of a warm main job. A build is remembered once its builder ended it `ok` or `skipped` (an
-error or a wrong result is tried again next time).
+measuring of a warm main job. A build is remembered once its builder ended it `ok`; one skipped (a
+backend not installed may be installed later), failed or wrong is tried again next time.
 
 The memory belongs to the JIT caches it describes. One file per GPU architecture and stack (the
 versions in setup/jit_cache.STACK) under $DSKBENCH_BUILD_MEMORY, else $XDG_CACHE_HOME/dskbench/builds,
@@ -27,7 +27,7 @@ from typing import Any
 
 from dskbench.setup import jit_cache
 
-REMEMBERED = ("ok", "skipped")
+REMEMBERED = ("ok",)
 
 
 def memory_dir(env: Mapping[str, str] | None = None) -> Path:
