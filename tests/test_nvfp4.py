@@ -200,10 +200,9 @@ def _naive_moe(x, ids, w, w13, w2, gs=None, rsf=1.0):
     return out * rsf
 
 
-@pytest.mark.parametrize("w4a4", [False, True])
-def test_moe_reference_matches_naive_loop(w4a4: bool) -> None:
-    g = torch.Generator().manual_seed(4)
-    t, h, i, e, k = 6, 64, 32, 5, 3
+def _moe_problem(seed: int, t: int, e: int, h: int = 64, i: int = 32, k: int = 3) -> tuple:
+    """A small routed-expert problem: x, top-k ids and weights, and NVFP4 (w13, w2)."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, h, generator=g).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
     w = torch.rand(t, k, generator=g)
@@ -213,27 +212,21 @@ def test_moe_reference_matches_naive_loop(w4a4: bool) -> None:
         s = fp4.to_e4m3(torch.rand(e, rows, cols // 16, generator=g) * 400 + 16)
         return p, s, torch.rand(e, generator=g) * 1e-4 + 1e-4
 
-    w13, w2 = weight(2 * i, h), weight(h, i)
+    return x, ids, w, weight(2 * i, h), weight(h, i)
+
+
+@pytest.mark.parametrize("w4a4", [False, True])
+def test_moe_reference_matches_naive_loop(w4a4: bool) -> None:
+    x, ids, w, w13, w2 = _moe_problem(4, t=6, e=5)
     gs = (torch.tensor(600.0), torch.tensor(900.0)) if w4a4 else None
     got = fp4.moe_reference(x, ids, w, w13, w2, act_global_scales=gs, routed_scaling_factor=2.5)
     want = _naive_moe(x, ids, w, w13, w2, gs, rsf=2.5)
-    assert got.dtype == torch.float32 and got.shape == (t, h)
+    assert got.dtype == torch.float32 and got.shape == (6, 64)
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
 
 
 def test_moe_references_in_one_pass_equal_one_call_per_numerics() -> None:
-    g = torch.Generator().manual_seed(5)
-    t, h, i, e, k = 7, 64, 32, 6, 3
-    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
-    w = torch.rand(t, k, generator=g)
-
-    def weight(rows: int, cols: int) -> tuple[torch.Tensor, ...]:
-        p = torch.randint(0, 256, (e, rows, cols // 2), dtype=torch.uint8, generator=g)
-        s = fp4.to_e4m3(torch.rand(e, rows, cols // 16, generator=g) * 400 + 16)
-        return p, s, torch.rand(e, generator=g) * 1e-4 + 1e-4
-
-    w13, w2 = weight(2 * i, h), weight(h, i)
+    x, ids, w, w13, w2 = _moe_problem(5, t=7, e=6)
     gs = (torch.tensor(600.0), torch.tensor(900.0))
     both = fp4.moe_references(x, ids, w, w13, w2, [gs, None], routed_scaling_factor=2.5)
     for got, scales in zip(both, (gs, None), strict=True):

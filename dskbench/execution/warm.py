@@ -57,14 +57,19 @@ def host_memory() -> int | None:
         return None
 
 
-def builds_per_shape(kernel: str, backend: str) -> bool:
-    """Whether this backend compiles again for each shape (PER_SHAPE_KINDS, or its own flag)."""
+def _adapter_and_backend(kernel: str, backend: str) -> tuple[Any, Any]:
+    """The kernel's adapter and its backend of that name (None for either not registered)."""
     from dskbench.adapters import get_adapter
 
     adapter = get_adapter(kernel)
     if adapter is None:
-        return False
-    b = next((b for b in adapter.all_backends() if b.name == backend), None)
+        return None, None
+    return adapter, next((b for b in adapter.all_backends() if b.name == backend), None)
+
+
+def builds_per_shape(kernel: str, backend: str) -> bool:
+    """Whether this backend compiles again for each shape (PER_SHAPE_KINDS, or its own flag)."""
+    b = _adapter_and_backend(kernel, backend)[1]
     return b is not None and (b.kind in PER_SHAPE_KINDS or b.builds_per_shape)
 
 
@@ -94,13 +99,11 @@ def skipped_by_case(item: WorkItem) -> bool:
     """Whether the adapter or the backend skips this item's case on any machine (a shape the backend
     rejects, as FlashInfer's merge_state does 128 heads): such an item builds nothing, so its build takes
     a later item of the same key."""
-    from dskbench.adapters import get_adapter
     from dskbench.shapes.cases import Case
 
-    adapter = get_adapter(item.kernel)
+    adapter, backend = _adapter_and_backend(item.kernel, item.backend)
     if adapter is None:
         return False
-    backend = next((b for b in adapter.all_backends() if b.name == item.backend), None)
     case = Case.from_json(item.case)
     return bool(adapter.skip_reason(case) or (backend is not None and backend.skip and backend.skip(case)))
 

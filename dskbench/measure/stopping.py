@@ -106,8 +106,8 @@ class Stopper:
         return t
 
     def _evaluate(self) -> None:
-        self.noise = self.measure_noise(self.samples)
         ordered = sorted(self.samples)
+        self.noise = self.measure_noise(ordered)
         if self.band_noise:
             self.median_us = ordered[len(ordered) // 2]
         if len(ordered) >= CI_MIN_SAMPLES:

@@ -55,19 +55,30 @@ def activations(m: int, k: int, gen: torch.Generator, device: str) -> torch.Tens
     return (randn((m, k), gen, device, torch.float32) * gain).to(DTYPE)
 
 
-def quantize_ref(
-    x: torch.Tensor, group: int, out_dtype: torch.dtype, eps: float = EPS
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, scales [M, K/group] fp32) with the kernels' formula and rounding."""
+def _scaled(
+    x: torch.Tensor, group: int, out_dtype: torch.dtype, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """(x * (qmax / amax) per group [M, K/group, group] before the cast, scales [M, K/group] fp32, the
+    cast to the output's codes as floats)."""
     m, k = x.shape
     xg = x.float().view(m, k // group, group)
     amax = xg.abs().amax(-1).clamp_min(eps)
     qmax = FP8_MAX if out_dtype == FP8 else INT8_MAX
     qmin = -FP8_MAX if out_dtype == FP8 else INT8_MIN
-    scales = amax / qmax
-    y = (xg * (qmax / amax)[..., None]).clamp(qmin, qmax)
-    q = y.to(FP8) if out_dtype == FP8 else y.trunc().to(torch.int8)
-    return q.view(m, k), scales
+
+    def cast(v: torch.Tensor) -> torch.Tensor:
+        v = v.clamp(qmin, qmax)
+        return v.to(FP8).float() if out_dtype == FP8 else v.trunc()
+
+    return xg * (qmax / amax)[..., None], amax / qmax, cast
+
+
+def quantize_ref(
+    x: torch.Tensor, group: int, out_dtype: torch.dtype, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scales [M, K/group] fp32) with the kernels' formula and rounding."""
+    y, scales, cast = _scaled(x, group, out_dtype, eps)
+    return cast(y).to(out_dtype).view(x.shape), scales
 
 
 def quantize_ref_with_ties(
@@ -75,19 +86,9 @@ def quantize_ref_with_ties(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """quantize_ref's (q, scales) and a bool [M, K] of the codes at a tie (within TIE_REL of a rounding
     boundary: a kernel may round them either way)."""
-    q, scales = quantize_ref(x, group, out_dtype, eps)
-    m, k = x.shape
-    xg = x.float().view(m, k // group, group)
-    qmax = FP8_MAX if out_dtype == FP8 else INT8_MAX
-    qmin = -FP8_MAX if out_dtype == FP8 else INT8_MIN
-    y = xg * (qmax / xg.abs().amax(-1).clamp_min(eps))[..., None]
-
-    def cast(v: torch.Tensor) -> torch.Tensor:
-        v = v.clamp(qmin, qmax)
-        return v.to(FP8).float() if out_dtype == FP8 else v.trunc()
-
+    y, scales, cast = _scaled(x, group, out_dtype, eps)
     ties = cast(y * (1 - TIE_REL)) != cast(y * (1 + TIE_REL))
-    return q, scales, ties.view(m, k)
+    return cast(y).to(out_dtype).view(x.shape), scales, ties.view(x.shape)
 
 
 def fp8_step(v: torch.Tensor) -> torch.Tensor:
