@@ -1,7 +1,7 @@
 """A fake kernel whose first launch in a process "builds" (sleeps, then writes a cache file), as a JIT
 build does, for the tests of a run that builds ahead. Its log says which process built and which found
 the cache. Loaded in worker subprocesses through DSKBENCH_EXTRA_ADAPTERS=tests.fake_build_adapters;
-the cache folder and log come from DSKBENCH_TEST_BUILD_DIR.
+each line names the process and its niceness; the cache folder and log come from DSKBENCH_TEST_BUILD_DIR.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def _build_once() -> None:
     cache = folder / "module.so"
     with (folder / "log").open("a") as log:
         if cache.exists():
-            log.write(f"cached {os.getpid()}\n")
+            log.write(f"cached {os.getpid()} {os.nice(0)}\n")
             return
         time.sleep(BUILD_S)
         cache.write_text("built")
-        log.write(f"built {os.getpid()}\n")
+        log.write(f"built {os.getpid()} {os.nice(0)}\n")
 
 
 _built = False

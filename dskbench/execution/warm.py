@@ -34,6 +34,11 @@ from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.sweep import case_limits, worker_plan
 
 GIB_PER_JOB = 6  # host memory one build may take (nvcc on a large CUTLASS or Marlin template)
+# Builders and their compilers run this much nicer than the process that started them: a run that builds
+# ahead keeps its measuring worker's CPU work (inputs, references, launches) ahead of dozens of compilers,
+# and a warm-up alone leaves the box responsive. Among builders a long build's many compiler processes
+# still get most of the CPU.
+BUILD_NICE = 10
 # Backends whose compiler runs again for each new shape: Triton specialises a kernel on its integer
 # arguments (and autotunes per key), CuTe DSL compiles per shape. Their every case is warmed, not one.
 PER_SHAPE_KINDS = ("triton", "cutedsl")
@@ -238,7 +243,7 @@ def warm_pool(
     from dskbench.results.environment import worker_env
 
     wopts = dataclasses.replace(opts, warm_only=True, gpus=1, measure_ceilings=False)
-    plan = worker_plan(wopts, opts.seed or 0, None)
+    plan = {**worker_plan(wopts, opts.seed or 0, None), "nice": BUILD_NICE}
 
     def env(j: int) -> dict[str, str] | None:
         if not gpu_tokens:

@@ -40,6 +40,8 @@ def result(index: int, fields: dict[str, Any]) -> bool:
 
 def main(argv: list[str]) -> int:
     plan = json.loads(sys.stdin.readline())
+    if plan.get("nice"):  # a builder: it and its compilers yield the CPU to the measuring (warm.BUILD_NICE)
+        os.nice(int(plan["nice"]))
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     from dskbench.device.info import DeviceInfo
     from dskbench.execution import batching, build_ahead
