@@ -19,6 +19,11 @@ LOCK_ENV = "DSKBENCH_GPU_LOCK"
 _depth = 0  # blocks of this process that hold it now: an inner block holds it already
 
 
+def shared() -> bool:
+    """Whether builders share this process's GPU (a run that builds ahead names its lock)."""
+    return bool(os.environ.get(LOCK_ENV))
+
+
 @contextmanager
 def held() -> Iterator[None]:
     """Hold this GPU's lock for the block (a no-op when the run builds nothing beside its measuring)."""

@@ -366,6 +366,7 @@ RESULT_FIELDS = {
     "ranks": "collectives: each rank's median_us, p10_us, p90_us, method",
     "detail": "collectives: the set-up's note",
     "shared_gpu": "other processes used the GPU when this case was measured: {pids, names}",
+    "retried": "why this record is a case's second run (its first ran out of memory beside the run's builders)",
 }
 PARTS = {
     "check": Check,
@@ -404,6 +405,7 @@ class ResultRecord:
     ranks: list[dict[str, Any]] | None = None
     detail: Any = None
     shared_gpu: dict[str, Any] | None = None
+    retried: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
