@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         os.nice(int(plan["nice"]))
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     from dskbench.device.info import DeviceInfo
-    from dskbench.execution import batching, build_ahead
+    from dskbench.execution import batching, build_ahead, heap
     from dskbench.execution.case import free_memory, run_one
     from dskbench.execution.items import SweepOptions, WorkItem
 
@@ -81,6 +81,7 @@ def main(argv: list[str]) -> int:
         try:
             batcher.time_all(emit)
             free_memory(device, force=True)
+            heap.freeze_after_imports()
         except Exception as e:  # noqa: BLE001 - only a poisoning error gets here
             print(f"dskbench worker: a batch broke the CUDA context: {e}", file=sys.stderr, flush=True)
             return False
@@ -107,6 +108,8 @@ def main(argv: list[str]) -> int:
             continue
         if result(idx, fields):
             return EXIT_POISONED  # the held cases are re-run by the next worker
+        if batcher is None or not batcher.held:  # no case's tensors alive: the imports' objects alone
+            heap.freeze_after_imports()
     if not time_held():
         return EXIT_POISONED
     say("NEXT", len(items))
