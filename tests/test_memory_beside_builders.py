@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dskbench.device.info import DeviceInfo
-from dskbench.execution import case, gpu_lock
+from dskbench.execution import case, gpu_lock, memory_retry
 from dskbench.execution.items import SweepOptions
 from tests.test_shard import _item
 
@@ -18,9 +18,9 @@ GPU = DeviceInfo("cuda", "NVIDIA H200", 90, 1)
 
 
 def test_the_failed_allocation_is_read_from_the_error():
-    assert case.allocation_bytes(OOM) == 2 * 2**30
-    assert case.allocation_bytes("Tried to allocate 512.00 MiB") == 512 * 2**20
-    assert case.allocation_bytes("out of memory: cudaMalloc failed") is None
+    assert memory_retry.allocation_bytes(OOM) == 2 * 2**30
+    assert memory_retry.allocation_bytes("Tried to allocate 512.00 MiB") == 512 * 2**20
+    assert memory_retry.allocation_bytes("out of memory: cudaMalloc failed") is None
 
 
 def test_it_waits_for_the_memory_then_runs_again_holding_the_lock(tmp_path, monkeypatch):
@@ -32,8 +32,8 @@ def test_it_waits_for_the_memory_then_runs_again_holding_the_lock(tmp_path, monk
         held.append(gpu_lock._depth)
         return {"status": "ok"}
 
-    got = case.again_beside_builders(
-        _item(0, "k", 1), {"status": "error", "reason": OOM}, run, lambda: next(free), sleep=slept.append
+    got = memory_retry.again_beside_builders(
+        {"status": "error", "reason": OOM}, run, lambda: next(free), sleep=slept.append
     )
     assert got["status"] == "ok" and "out of memory beside the run's builders" in got["retried"]
     assert len(slept) == 2 and held == [1]  # ran once the 2 GiB were free, the lock held
@@ -42,8 +42,7 @@ def test_it_waits_for_the_memory_then_runs_again_holding_the_lock(tmp_path, monk
 def test_it_gives_up_waiting_after_the_limit(tmp_path, monkeypatch):
     monkeypatch.setenv(gpu_lock.LOCK_ENV, str(tmp_path / "gpu.lock"))
     slept = []
-    got = case.again_beside_builders(
-        _item(0, "k", 1),
+    got = memory_retry.again_beside_builders(
         {"status": "error", "reason": OOM},
         lambda: {"status": "error", "reason": OOM},
         lambda: 0,
@@ -67,7 +66,7 @@ def test_run_one_retries_only_beside_builders(builders, tmp_path, monkeypatch):
         return next(outcomes)
 
     monkeypatch.setattr(case, "_run_once", once)
-    monkeypatch.setattr(case, "_free_gpu_bytes", lambda: 2**40)
+    monkeypatch.setattr(memory_retry, "_free_gpu_bytes", lambda: 2**40)
     got = case.run_one(_item(0, "k", 1), GPU, SweepOptions(), 0, None)
     assert len(calls) == (2 if builders else 1)
     assert got["status"] == ("ok" if builders else "error")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -375,12 +374,16 @@ def run_one(
     takes it (True) the case is timed later with others (execution/batching.py) and None is returned.
 
     A case that ran out of memory while builders share its GPU (a run that builds ahead) is run once more
-    under the GPU lock, once they have freed the memory (again_beside_builders): the builders' inputs,
+    under the GPU lock, once they have freed the memory (memory_retry.py): the builders' inputs,
     not the case, filled the GPU."""
+    from dskbench.execution import memory_retry
+
     fields = _run_once(item, device, opts, run_seed, ceilings, hold)
-    if fields is None or not _short_of_memory_beside_builders(fields, device):
+    if fields is None or not memory_retry.short_beside_builders(fields, device.kind):
         return fields
-    return again_beside_builders(item, fields, lambda: _run_once(item, device, opts, run_seed, ceilings))
+    return memory_retry.again_beside_builders(
+        fields, lambda: _run_once(item, device, opts, run_seed, ceilings)
+    )
 
 
 def _run_once(
@@ -413,60 +416,6 @@ def _run_once(
                 fields = error_fields(item, later)
         return fields
     return with_item_time(fields, time.perf_counter() - t0)  # the whole item, set-up and clean-up included
-
-
-MEMORY_WAIT_S = 300.0  # the longest a case short of memory beside builders waits for them to free it
-_ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
-
-def _short_of_memory_beside_builders(fields: dict[str, Any], device: DeviceInfo) -> bool:
-    return (
-        device.kind == "cuda"
-        and gpu_lock.shared()
-        and not fields.get("poisoned")
-        and fields.get("status") == "error"
-        and str(fields.get("reason", "")).startswith("out of memory")
-    )
-
-
-def allocation_bytes(reason: str) -> int | None:
-    """The allocation an out-of-memory error names ("Tried to allocate 36.00 GiB"), in bytes."""
-    m = _ALLOCATION.search(reason)
-    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
-
-
-def again_beside_builders(
-    item: WorkItem,
-    fields: dict[str, Any],
-    run: Callable[[], dict[str, Any] | None],
-    free_bytes: Callable[[], int] | None = None,
-    wait_s: float = MEMORY_WAIT_S,
-    sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, Any] | None:
-    """Run a case that ran out of memory again, holding the GPU lock throughout: no builder makes new
-    inputs meanwhile, and those it holds are freed as its items end. It starts once the GPU has the
-    allocation that failed free (at most `wait_s` later); its record says it was run twice."""
-    need = allocation_bytes(str(fields.get("reason", "")))
-    free_bytes = free_bytes or _free_gpu_bytes
-    with gpu_lock.held():
-        waited = 0.0
-        while need is not None and free_bytes() < need and waited < wait_s:
-            sleep(1.0)
-            waited += 1.0
-        again = run()
-    if again is None:
-        return None
-    again["retried"] = (
-        f"the first run ran out of memory beside the run's builders: {fields.get('reason', '')}"[:300]
-    )
-    return again
-
-
-def _free_gpu_bytes() -> int:
-    import torch
-
-    return int(torch.cuda.mem_get_info()[0])
 
 
 def with_item_time(fields: dict[str, Any], item_s: float) -> dict[str, Any]:

@@ -1,0 +1,67 @@
+"""A case that runs out of GPU memory beside a run's builders (build_ahead.py) is run once more.
+
+Builders share the measuring worker's GPU and hold their own inputs while they compile, so a large case
+(a 36 GiB KV cache) can find the GPU full of theirs. The case is run again holding the GPU lock: no
+builder makes new inputs meanwhile, and those they hold are freed as their items end."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dskbench.execution import gpu_lock
+
+MEMORY_WAIT_S = 300.0  # the longest a case short of memory beside builders waits for them to free it
+_ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def short_beside_builders(fields: dict[str, Any], device_kind: str) -> bool:
+    """Whether a case's record fields say it ran out of GPU memory while builders share its GPU."""
+    return (
+        device_kind == "cuda"
+        and gpu_lock.shared()
+        and not fields.get("poisoned")
+        and fields.get("status") == "error"
+        and str(fields.get("reason", "")).startswith("out of memory")
+    )
+
+
+def allocation_bytes(reason: str) -> int | None:
+    """The allocation an out-of-memory error names ("Tried to allocate 36.00 GiB"), in bytes."""
+    m = _ALLOCATION.search(reason)
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
+
+
+def again_beside_builders(
+    fields: dict[str, Any],
+    run: Callable[[], dict[str, Any] | None],
+    free_bytes: Callable[[], int] | None = None,
+    wait_s: float = MEMORY_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any] | None:
+    """Run a case that ran out of memory again, holding the GPU lock throughout: no builder makes new
+    inputs meanwhile, and those it holds are freed as its items end. It starts once the GPU has the
+    allocation that failed free (at most `wait_s` later); its record says it was run twice."""
+    need = allocation_bytes(str(fields.get("reason", "")))
+    free_bytes = free_bytes or _free_gpu_bytes
+    with gpu_lock.held():
+        waited = 0.0
+        while need is not None and free_bytes() < need and waited < wait_s:
+            sleep(1.0)
+            waited += 1.0
+        again = run()
+    if again is None:
+        return None
+    again["retried"] = (
+        f"the first run ran out of memory beside the run's builders: {fields.get('reason', '')}"[:300]
+    )
+    return again
+
+
+def _free_gpu_bytes() -> int:
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0])
