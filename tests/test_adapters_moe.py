@@ -231,6 +231,39 @@ def test_moe_align_reference_by_hand():
     assert sorted_ids.tolist() == [0, 4, 1, 2, 3, 5] + [6] * 5  # numel 6 + (4+1)*(2-1) slots
 
 
+def _align_by_loops(ids: torch.Tensor, num_experts: int, bs: int) -> tuple[torch.Tensor, ...]:
+    """moe_align's canonical layout written out expert by expert (the oracle of the vectorised one)."""
+    flat = ids.flatten().tolist()
+    numel = len(flat)
+    sorted_ids = [numel] * align_max_padded(numel, num_experts + 1, bs)
+    expert_ids, pos = [], 0
+    for e in range(num_experts):
+        rows = [i for i, x in enumerate(flat) if x == e]
+        sorted_ids[pos : pos + len(rows)] = rows
+        blocks = -(-len(rows) // bs)
+        expert_ids += [e] * blocks
+        pos += blocks * bs
+    i32 = torch.int32
+    return (
+        torch.tensor(sorted_ids, dtype=i32),
+        torch.tensor(expert_ids, dtype=i32),
+        torch.tensor([pos], dtype=i32),
+    )
+
+
+@pytest.mark.parametrize(("t", "tp"), [(1, 1), (64, 1), (512, 8), (2048, 4)])
+def test_moe_align_reference_matches_a_loop_over_experts(t: int, tp: int):
+    a = get_adapter("moe_align_block_size")
+    c = moe_case("moe_align_block_size", t=t, tp=tp)
+    ids, e, bs = a.make_inputs(c, "cpu", 0)["topk_ids"], int(c.dims["E"]), a.block_size(c)
+    got, want = moe_align_reference(ids, e, bs), _align_by_loops(ids, e, bs)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    odd = torch.tensor([[3, 0], [3, 3], [1, 0], [3, 1]], dtype=torch.int32)  # an unused expert, a full block
+    for g, w in zip(moe_align_reference(odd, 5, 2), _align_by_loops(odd, 5, 2), strict=True):
+        assert torch.equal(g, w)
+
+
 def test_moe_align_check_accepts_any_order_in_a_segment_and_rejects_errors():
     a = get_adapter("moe_align_block_size")
     c = moe_case("moe_align_block_size", t=64)

@@ -422,3 +422,49 @@ def test_quant_traffic() -> None:
     a = get_adapter("scaled_fp4_quant")
     case = cpu_cases(a.kernel, "o_proj")[0]
     assert a.traffic(case).bytes == 2 * 16384 + 8192 + 1024
+
+
+def test_dequantize_nvfp4_weights_is_dequantize_nvfp4_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(13)
+    packed = torch.randint(0, 256, (3, 32, 64), generator=g, dtype=torch.uint8)
+    sf = torch.arange(256, dtype=torch.uint8).repeat(3).reshape(3, 32, 8)  # every e4m3 byte, NaNs too
+    gs = torch.tensor([2.6e4, 3.1e4, 1.0])
+    got = fp4.dequantize_nvfp4_weights(packed, sf.view(torch.float8_e4m3fn), gs)
+    want = torch.stack(
+        [fp4.dequantize_nvfp4(packed[i], sf[i].view(torch.float8_e4m3fn), gs[i]) for i in range(3)]
+    )
+    assert got.shape == (3, 32, 128) and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    one = fp4.dequantize_nvfp4_weights(packed[1], sf[1], gs[1])  # a single weight, uint8 scales
+    assert torch.equal(one.view(torch.int32), want[1].view(torch.int32))
+
+
+def _moe_by_expert(x: dict, gs: tuple | None) -> torch.Tensor:
+    """moe_reference's sum written expert by expert, each weight decoded with dequantize_nvfp4."""
+    xf = x["x"].float() if gs is None else fp4.dequantize_nvfp4(*fp4.quantize_nvfp4(x["x"], gs[0]), gs[0])
+    out = torch.zeros(xf.shape)
+    flat = x["topk_ids"].reshape(-1).long()
+    for e in sorted(set(flat.tolist())):
+        rows = (flat == e).nonzero().squeeze(1)
+        tok, w = rows // x["topk_ids"].shape[1], x["topk_weights"].reshape(-1)[rows].unsqueeze(1)
+        w1 = fp4.dequantize_nvfp4(x["w13"][e], x["w13_sf"][e], 1.0 / x["w13_ws2"][e].float())
+        w2 = fp4.dequantize_nvfp4(x["w2"][e], x["w2_sf"][e], 1.0 / x["w2_ws2"][e].float())
+        act = fp4.silu_and_mul(xf[tok] @ w1.T)
+        if gs is not None:
+            act = fp4.dequantize_nvfp4(*fp4.quantize_nvfp4(act, gs[1]), gs[1])
+        out.index_add_(0, tok, (act @ w2.T) * w)
+    return out * x["routed_scaling_factor"]
+
+
+@pytest.mark.parametrize(("t", "chunk"), [(5, 8), (16, 3)])
+def test_moe_references_decode_in_chunks_without_changing_the_result(
+    t: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fp4, "MOE_DEQUANT_CHUNK", chunk)
+    a = get_adapter("cutlass_fp4_group_mm")
+    case = small_moe_case(a.kernel, t)
+    x = a.make_inputs(case, "cpu", 21)
+    assert torch.unique(x["topk_ids"]).numel() > chunk  # several chunks, the last one short
+    ref = a.reference(x, case)
+    gs = (1.0 / x["a1_scale"], 1.0 / x["a2_scale"])
+    assert torch.equal(ref.get("w4a4"), _moe_by_expert(x, gs))
+    assert torch.equal(ref.get("w4a16"), _moe_by_expert(x, None))

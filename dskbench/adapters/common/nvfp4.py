@@ -42,6 +42,9 @@ NVFP4_BLOCK = 16
 MXFP4_BLOCK = 32
 SWIZZLE_ROWS = 128
 SWIZZLE_COLS = 4
+# Routed experts whose fp32 weights an NVFP4 MoE reference holds at once: 8 x 176 MB at DeepSeek's
+# I=2048, H=7168 (a GPU holds that beside the inputs; the launches per expert shrink eightfold).
+MOE_DEQUANT_CHUNK = 8
 
 # Round-to-nearest-even on the e2m1 grid: the code is the number of midpoints below the magnitude.
 # At a midpoint the even code wins (codes 0, 2, 4, 6 have mantissa bit 0), so for midpoints whose lower
@@ -161,6 +164,41 @@ def dequantize_nvfp4(
     blocks = vals.reshape(*vals.shape[:-1], sf.shape[-1], NVFP4_BLOCK) * sf.unsqueeze(-1)
     gs = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
     return blocks.flatten(-2) / gs
+
+
+@functools.lru_cache(maxsize=16)
+def _e4m3_byte_values(device: torch.device) -> torch.Tensor:
+    """float32 [256]: the value of every float8_e4m3fn byte (NaN bytes included), built once per device."""
+    return torch.arange(256, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn).float()
+
+
+def dequantize_nvfp4_weights(
+    packed: torch.Tensor, scales: torch.Tensor, global_scales: torch.Tensor | float = 1.0
+) -> torch.Tensor:
+    """dequantize_nvfp4 of W weights at once, each [N, K] with its own global scale, bit for bit:
+    packed [*W, N, K/2], scales [*W, N, K/16], global_scales [*W] (W: no dims, or one) -> float32 [*W, N, K].
+
+    Every (scale byte, packed byte) pair's two values are tabulated per weight with dequantize_nvfp4's own
+    ops (e2m1 * scale, then / global scale): a weight then costs one int32 index pass and one 8-byte
+    gather instead of an int64 index, a lookup, a scale multiply and a division over the fp32 result (an NVFP4
+    MoE reference decodes every routed expert's weights and spent most of its time there).
+    """
+    p = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
+    sf = scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales
+    lead = p.shape[:-2]
+    gs = torch.as_tensor(global_scales, dtype=torch.float32, device=p.device)
+    if len(lead) > 1 or tuple(gs.shape) != tuple(lead):
+        raise ValueError(f"global scales {tuple(gs.shape)} do not match weights {tuple(p.shape)}")
+    table = _e2m1_byte_table(p.device).unsqueeze(0) * _e4m3_byte_values(p.device)[:, None, None]
+    table = table / gs.reshape(-1, 1, 1, 1)  # [W or 1, scale byte, packed byte, (low, high)]
+    blocks = p.reshape(*p.shape[:-1], sf.shape[-1], NVFP4_BLOCK // 2)  # packed bytes per block scale
+    base = sf.to(torch.int32) * 256  # table row of a block: (weight, scale byte), then its packed bytes
+    if lead:
+        base += (torch.arange(lead[0], dtype=torch.int32, device=p.device) * (256 * 256)).reshape(-1, 1, 1)
+    idx = blocks.to(torch.int32).add_(base.unsqueeze(-1))
+    pairs = table.reshape(-1, 2).view(torch.int64).reshape(-1)  # a byte's two values as one 8-byte word
+    vals = pairs.index_select(0, idx.reshape(-1)).view(torch.float32)
+    return vals.reshape(*p.shape[:-1], p.shape[-1] * 2)
 
 
 # -- MXFP4 (UE8M0 scales, 32 per block) ---------------------------------------------------------------
@@ -302,7 +340,9 @@ def moe_references(
     """moe_reference for several activation numerics (one ``act_global_scales`` each) in one pass over
     the experts: each routed expert's weights are dequantised once for all of them. The (token, slot) rows
     are sorted by expert once (one host sync); experts and their rows are visited in ascending order, as
-    one nonzero per expert would give them."""
+    one nonzero per expert would give them. The routed experts' weights are decoded MOE_DEQUANT_CHUNK
+    experts at a time (one gather from packed storage and one table decode per chunk, not a launch
+    sequence per expert); each expert's GEMMs stay its own, so the result does not change."""
     k = topk_ids.shape[-1]
     flat = topk_ids.reshape(-1).long()
     order = torch.sort(flat, stable=True).indices
@@ -312,18 +352,21 @@ def moe_references(
     inv_ws2 = (1.0 / w13[2].float(), 1.0 / w2[2].float())
     xs = [x.float() if gs is None else dequantize_nvfp4(*quantize_nvfp4(x, gs[0]), gs[0]) for gs in numerics]
     outs = [torch.zeros(xf.shape, dtype=torch.float32, device=x.device) for xf in xs]
-    for e in range(len(offsets) - 1):
-        lo, hi = offsets[e], offsets[e + 1]
-        if lo == hi:
-            continue
-        tok, w = tok_sorted[lo:hi], w_sorted[lo:hi].unsqueeze(1)
-        w1 = dequantize_nvfp4(w13[0][e], w13[1][e], inv_ws2[0][e])
-        w2e = dequantize_nvfp4(w2[0][e], w2[1][e], inv_ws2[1][e])
-        for xf, gs, out in zip(xs, numerics, outs, strict=True):
-            with exact_fp32_matmul():
-                act = silu_and_mul(xf[tok] @ w1.T)
-                if gs is not None:
-                    act = dequantize_nvfp4(*quantize_nvfp4(act, gs[1]), gs[1])
-                y = act @ w2e.T
-            out.index_add_(0, tok, y * w)
+    used = [e for e in range(len(offsets) - 1) if offsets[e + 1] > offsets[e]]
+    for c0 in range(0, len(used), MOE_DEQUANT_CHUNK):
+        chunk = used[c0 : c0 + MOE_DEQUANT_CHUNK]
+        sel = torch.tensor(chunk, dtype=torch.long, device=w13[0].device)
+        w1s = dequantize_nvfp4_weights(w13[0][sel], w13[1][sel], inv_ws2[0][sel])
+        w2s = dequantize_nvfp4_weights(w2[0][sel], w2[1][sel], inv_ws2[1][sel])
+        for j, e in enumerate(chunk):
+            lo, hi = offsets[e], offsets[e + 1]
+            tok, w = tok_sorted[lo:hi], w_sorted[lo:hi].unsqueeze(1)
+            for xf, gs, out in zip(xs, numerics, outs, strict=True):
+                with exact_fp32_matmul():
+                    act = silu_and_mul(xf[tok] @ w1s[j].T)
+                    if gs is not None:
+                        act = dequantize_nvfp4(*quantize_nvfp4(act, gs[1]), gs[1])
+                    y = act @ w2s[j].T
+                out.index_add_(0, tok, y * w)
+        del w1s, w2s
     return [out * routed_scaling_factor for out in outs]

@@ -11,7 +11,6 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
-from dskbench.adapters.common.routing import expert_counts, sorted_by_expert
 from dskbench.adapters.moe.inputs import routing, topk
 from dskbench.adapters.moe.reference import check_segments, torch_op
 from dskbench.shapes.cases import Case
@@ -35,21 +34,28 @@ def align_max_padded(numel: int, num_buckets: int, block_size: int) -> int:
 def moe_align_reference(
     topk_ids: torch.Tensor, num_experts: int, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Canonical (sorted_token_ids, expert_ids of the used blocks, num_tokens_post_pad) on the CPU.
+    """Canonical (sorted_token_ids, expert_ids of the used blocks, num_tokens_post_pad), returned on the CPU.
 
     Tokens of expert e fill its block-padded segment in ascending flat index (the kernel's order inside a
     segment is arbitrary), padding slots and the tail hold numel; ids are real experts (no -1 bucket used).
+    Computed where the ids live (one stable sort, a scatter-add and two cumsums, no host sync) and copied
+    back once: on a GPU box the CPU is shared with compilers, and torch's multi-threaded CPU sort and
+    scatter over 32k+ ids were slowed there to seconds.
     """
-    flat = topk_ids.flatten().long().cpu()
+    dev = topk_ids.device
+    flat = topk_ids.flatten().long()
     numel = flat.numel()
-    counts = expert_counts(topk_ids, num_experts)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync to size its output
     padded = (counts + block_size - 1) // block_size * block_size
     seg_start = torch.cumsum(padded, 0) - padded
-    order, offsets = sorted_by_expert(topk_ids, num_experts)
-    rank = torch.arange(numel) - offsets[:-1][flat[order]]
+    first_row = torch.cumsum(counts, 0) - counts  # expert e's first row in the stable sort
+    experts, order = torch.sort(flat, stable=True)
+    slot = seg_start[experts] + torch.arange(numel, device=dev) - first_row[experts]
     max_pad = align_max_padded(numel, num_experts + 1, block_size)
-    sorted_ids = torch.full((max_pad,), numel, dtype=torch.int32)
-    sorted_ids[seg_start[flat[order]] + rank] = order.to(torch.int32)
+    sorted_ids = torch.full((max_pad,), numel, dtype=torch.int32, device=dev)
+    sorted_ids[slot] = order.to(torch.int32)
+    sorted_ids, padded = sorted_ids.cpu(), padded.cpu()
     expert_ids = torch.repeat_interleave(torch.arange(num_experts, dtype=torch.int32), padded // block_size)
     return sorted_ids, expert_ids, padded.sum().reshape(1).to(torch.int32)
 
