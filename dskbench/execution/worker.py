@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         os.nice(int(plan["nice"]))
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     from dskbench.device.info import DeviceInfo
-    from dskbench.execution import batching, build_ahead, heap
+    from dskbench.execution import batching, build_ahead, heap, host_threads
     from dskbench.execution.case import free_memory, run_one
     from dskbench.execution.items import SweepOptions, WorkItem
 
@@ -55,6 +55,7 @@ def main(argv: list[str]) -> int:
     solo = set(plan.get("solo") or ())
     opts = SweepOptions.from_json(plan["opts"])
     device = DeviceInfo.detect(opts.device)
+    host_threads.limit_for_gpu_run(device.kind)
     ceilings = plan["ceilings"]
     batcher: batching.Batcher | None = None
     asked = False

@@ -1,0 +1,23 @@
+"""A GPU run's host-side torch work (routing drawn on the CPU, small copies) on a few threads.
+
+torch splits a CPU op over every core once a tensor is large enough (about 32k elements). In a GPU run
+those ops are small, and on a host whose cores run compilers (a run that builds ahead) a parallel region
+waits for its slowest thread, so a few milliseconds of routing can take a hundred times longer. A CPU run
+(`--device cpu`) times the references themselves and keeps torch's default."""
+
+from __future__ import annotations
+
+from dskbench.device.info import usable_cores
+
+GPU_RUN_THREADS = 8
+
+
+def limit_for_gpu_run(device_kind: str) -> int | None:
+    """Cap torch's intra-op threads in a GPU run's worker; the count set, or None (a CPU run: unchanged)."""
+    if device_kind != "cuda":
+        return None
+    import torch
+
+    n = max(1, min(GPU_RUN_THREADS, usable_cores()))
+    torch.set_num_threads(n)
+    return n
