@@ -211,3 +211,22 @@ def test_flashinfer_merge_state_is_built_at_a_head_count_it_takes():
     picked = warm.warm_items(items)
     assert len(picked) == 1 and not warm.skipped_by_case(picked[0])
     assert picked[0].case["point"]["tp"] in (4, 8)
+
+
+def test_a_kernel_with_many_shapes_is_built_by_several_processes_its_module_first():
+    """40 per-shape builds of one kernel become three units; the one holding the module's first build
+    starts first, the other pieces after every longer build, before the short ones."""
+    shapes = [_item(i, "tri", 1 + i, "triton") for i in range(40)]
+    other = [_item(40, "marlin", 1, "a"), _item(41, "small", 1, "a")]
+    units = warm.build_units(shapes + other, size=16)
+    assert [len(u) for u in units] == [16, 16, 8, 1, 1]
+    build_s = {("tri", "triton"): 100.0, ("marlin", "a"): 400.0, ("small", "a"): 5.0}
+    order = warm.longest_first(units, build_s)
+    assert [(u[0].kernel, len(u)) for u in order] == [
+        ("marlin", 1),
+        ("tri", 16),  # 100 s + 15 more shapes
+        ("tri", 16),  # 16 shapes at PER_SHAPE_S
+        ("tri", 8),
+        ("small", 1),
+    ]
+    assert warm.jobs_for(shapes + other, 64) <= len(units)

@@ -127,7 +127,7 @@ class Builder:
         self.opts, self.tokens = opts, list(gpu_tokens or [])
         # one core for the measuring worker, half the rest for builds (warm.default_jobs)
         self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
-        self.jobs = max(1, min(self.jobs, len(warm.kernel_groups(self.picked))))
+        self.jobs = max(1, min(self.jobs, len(warm.build_units(self.picked))))
         self.build_s = build_s if build_s is not None else warm.packaged_build_times()
         self.folder = Path(tempfile.mkdtemp(prefix="dskbench-builds-"))
         self.ready_path = self.folder / "ready"

@@ -42,6 +42,8 @@ BUILD_NICE = 10
 # Backends whose compiler runs again for each new shape: Triton specialises a kernel on its integer
 # arguments (and autotunes per key), CuTe DSL compiles per shape. Their every case is warmed, not one.
 PER_SHAPE_KINDS = ("triton", "cutedsl")
+UNIT_ITEMS = 16  # builds one builder process takes at a time (build_units)
+PER_SHAPE_S = 3.0  # the cost longest_first gives a build after its module's first (one more shape)
 
 
 def default_jobs(cpus: int | None = None, memory_bytes: int | None = None) -> int:
@@ -144,16 +146,22 @@ def warm_items(
     return out
 
 
-def longest_first(
-    groups: list[list[WorkItem]], build_s: dict[tuple[str, str], float]
-) -> list[list[WorkItem]]:
-    """Groups ordered by the build seconds an earlier warm-up recorded for their (kernel, backend)s,
-    longest first, so the long builds start at once and the short ones fill the other jobs."""
-
-    def cost(group: list[WorkItem]) -> float:
-        return sum(build_s.get((it.kernel, it.backend), 0.0) for it in group)
-
-    return sorted(groups, key=cost, reverse=True)  # stable: unknown builds keep plan order
+def longest_first(units: list[list[WorkItem]], build_s: dict[tuple[str, str], float]) -> list[list[WorkItem]]:
+    """Units ordered by the build seconds an earlier warm-up recorded for their (kernel, backend)s,
+    longest first, so the long builds start at once and the short ones fill the other jobs. A
+    (kernel, backend) costs its build seconds in the first unit that holds it (where its module builds)
+    and PER_SHAPE_S an item after that (a compile for one more shape)."""
+    seen: set[tuple[str, str]] = set()
+    costs: dict[int, float] = {}
+    for u, unit in enumerate(units):
+        cost = 0.0
+        for it in unit:
+            pair = (it.kernel, it.backend)
+            cost += build_s.get(pair, 0.0) if pair not in seen else PER_SHAPE_S * (pair in build_s)
+            seen.add(pair)
+        costs[u] = cost
+    order = sorted(range(len(units)), key=lambda u: costs[u], reverse=True)  # stable: unknown keep plan order
+    return [units[u] for u in order]
 
 
 def read_build_times(path: Path) -> dict[tuple[str, str], float]:
@@ -196,9 +204,17 @@ def kernel_groups(items: Sequence[WorkItem]) -> list[list[WorkItem]]:
     return list(by_kernel.values())
 
 
+def build_units(items: Sequence[WorkItem], size: int = UNIT_ITEMS) -> list[list[WorkItem]]:
+    """The units builders take, one worker process each: a kernel's items (kernel_groups), cut into
+    pieces of at most `size` where a backend compiles per shape. One process for all of a kernel's
+    shapes made a chain of hundreds of compiles while other builders sat idle; a piece costs one more
+    process start instead."""
+    return [g[i : i + size] for g in kernel_groups(items) for i in range(0, len(g), size)]
+
+
 def jobs_for(items: Sequence[WorkItem], jobs: int) -> int:
-    """Worker processes a warm-up of these items runs at once: no more than it has kernels."""
-    return max(1, min(jobs, len(kernel_groups(warm_items(items)))))
+    """Worker processes a warm-up of these items runs at once: no more than it has units (build_units)."""
+    return max(1, min(jobs, len(build_units(warm_items(items)))))
 
 
 @dataclasses.dataclass
@@ -259,7 +275,7 @@ def warm_pool(
         slots,
         lambda _slot, item, fields: on_result(item, fields),
         limits,
-        shared=longest_first(kernel_groups(picked), build_s or {}),
+        shared=longest_first(build_units(picked), build_s or {}),
     )
 
 
