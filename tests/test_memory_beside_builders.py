@@ -26,17 +26,22 @@ def test_the_failed_allocation_is_read_from_the_error():
 def test_it_waits_for_the_memory_then_runs_again_holding_the_lock(tmp_path, monkeypatch):
     monkeypatch.setenv(gpu_lock.LOCK_ENV, str(tmp_path / "gpu.lock"))
     free = iter([2**30, 1.5 * 2**30, 3 * 2**30])
-    slept, held = [], []
+    slept, held, said = [], [], []
 
     def run():
         held.append(gpu_lock._depth)
         return {"status": "ok"}
 
     got = memory_retry.again_beside_builders(
-        {"status": "error", "reason": OOM}, run, lambda: next(free), sleep=slept.append
+        {"status": "error", "reason": OOM},
+        run,
+        lambda: next(free),
+        sleep=slept.append,
+        alive=lambda: said.append("WAIT"),
     )
     assert got["status"] == "ok" and "out of memory beside the run's builders" in got["retried"]
     assert len(slept) == 2 and held == [1]  # ran once the 2 GiB were free, the lock held
+    assert len(said) == 2  # the hang watch heard from it each second it waited
 
 
 def test_it_gives_up_waiting_after_the_limit(tmp_path, monkeypatch):
@@ -48,6 +53,7 @@ def test_it_gives_up_waiting_after_the_limit(tmp_path, monkeypatch):
         lambda: 0,
         wait_s=5,
         sleep=slept.append,
+        alive=lambda: None,
     )
     assert len(slept) == 5 and got["status"] == "error"  # still short: the second error stands
 

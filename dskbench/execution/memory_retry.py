@@ -41,15 +41,19 @@ def again_beside_builders(
     free_bytes: Callable[[], int] | None = None,
     wait_s: float = MEMORY_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
+    alive: Callable[[], None] | None = None,
 ) -> dict[str, Any] | None:
     """Run a case that ran out of memory again, holding the GPU lock throughout: no builder makes new
     inputs meanwhile, and those it holds are freed as its items end. It starts once the GPU has the
-    allocation that failed free (at most `wait_s` later); its record says it was run twice."""
+    allocation that failed free (at most `wait_s` later), saying it is alive each second it waits (the
+    worker's WAIT: the hang watch's limit starts again); its record says it was run twice."""
     need = allocation_bytes(str(fields.get("reason", "")))
     free_bytes = free_bytes or _free_gpu_bytes
+    alive = alive or _say_waiting
     with gpu_lock.held():
         waited = 0.0
         while need is not None and free_bytes() < need and waited < wait_s:
+            alive()
             sleep(1.0)
             waited += 1.0
         again = run()
@@ -59,6 +63,11 @@ def again_beside_builders(
         f"the first run ran out of memory beside the run's builders: {fields.get('reason', '')}"[:300]
     )
     return again
+
+
+def _say_waiting() -> None:
+    """The worker protocol's WAIT (execution/process.py): alive, waiting on the builders."""
+    print("WAIT memory", flush=True)
 
 
 def _free_gpu_bytes() -> int:
