@@ -177,6 +177,13 @@ def test_check_allows_ties_and_rejects_wrong_sets():
     swapped = ids.clone()
     swapped[0, -1] = other
     assert a.check((w, swapped), (w, ids, choice), c).ok
+    # the tied expert brings its own weight (its score without the bias differs): that row's weights are
+    # not compared, and the check says why; the same weights on a row with the reference's experts fail
+    w_tie = w.clone()
+    w_tie[0, -1] *= 1.01
+    chk = a.check((w_tie, swapped), (w, ids, choice), c)
+    assert chk.ok and "1 rows chose another of two near-tied experts" in chk.detail
+    assert not a.check((w_tie, ids), (w, ids, choice), c).ok
     # without the tie the same swap is a wrong expert set
     assert not a.check((w, swapped), ref, c).ok
     dup = ids.clone()

@@ -3,7 +3,7 @@ have chosen it.
 
 Selections are compared by their scores, not their ids: a row passes when its selection scores, sorted,
 match the reference's (so swapping two equal-scored experts is not a failure); weights are compared as
-sorted vectors. With groups, a near-tie between two groups may send a row to the other group's experts.
+sorted vectors on the rows whose experts are the reference's (a near-tied expert brings its own weight). With groups, a near-tie between two groups may send a row to the other group's experts.
 """
 
 from __future__ import annotations
@@ -81,13 +81,22 @@ def check_topk(
                 bad[row] = False
                 group_ties.append(row)
     n_bad = int(bad.sum())
-    same = torch.ones(t, dtype=torch.bool)
-    same[group_ties] = False  # other experts, so other weights: compared where the choice is the same
-    w_err = rel_error(
-        w.float()[same.to(w.device)].sort(dim=-1).values, wr.float()[same.to(wr.device)].sort(dim=-1).values
+    # a row that took another of two near-tied experts (or groups) has other experts, so other weights:
+    # weights are compared on the rows whose experts are the reference's
+    same = (srt == idr.sort(dim=-1).values).all(dim=-1)
+    expert_ties = int((~same & ~bad).sum()) - len(group_ties)
+    w_err = (
+        rel_error(
+            w.float()[same.to(w.device)].sort(dim=-1).values,
+            wr.float()[same.to(wr.device)].sort(dim=-1).values,
+        )
+        if same.any()
+        else 0.0
     )
     ok = n_bad == 0 and w_err <= tolerance
     detail = f"ids: {n_bad}/{t} rows differ; weights {w_err:.2e}/{tolerance:.0e}"
     if group_ties:
         detail += f"; {len(group_ties)} rows chose another of two near-tied expert groups"
+    if expert_ties:
+        detail += f"; {expert_ties} rows chose another of two near-tied experts"
     return Check(ok, w_err if n_bad == 0 else float("inf"), tolerance, detail)
