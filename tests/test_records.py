@@ -209,6 +209,8 @@ def test_stages_other_is_what_no_stage_accounts_for():
         {"inputs_s": 1.0, "check_s": 0.5, "measure_s": 5.0, "warmup_s": 1.0, "item_s": 10.0}
     )
     assert st.with_other().other_s == 3.5  # measure_s counts once, its warm-up inside it
+    named = {"setup_s": 0.5, "record_s": 0.25, "cleanup_s": 0.25}
+    assert Stages.from_json({**st.to_json(), **named}).with_other().other_s == 2.5  # before and after too
     assert Stages.from_json({"inputs_s": 2.0, "item_s": 1.0}).with_other().other_s == 0.0  # never negative
     assert Stages.from_json({"inputs_s": 1.0}).with_other().other_s is None  # no item_s: unknown
     d = {"inputs_s": 1.0, "item_s": 2.0, "future_s": 7.0}

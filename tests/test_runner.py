@@ -86,12 +86,14 @@ def test_an_ok_case_says_where_its_time_went(tmp_path, registry):
     _, run = _run(tmp_path, registry, ["fake_ok"], ["fake"])
     for rec in run.results:
         st = rec["stages"]
-        before = ("resolve_s", "inputs_s", "reference_s", "bind_s", "first_launch_s", "check_s")
+        before = ("setup_s", "resolve_s", "inputs_s", "reference_s", "bind_s", "first_launch_s", "check_s")
         inside = ("warmup_s", "prepare_s", "sampling_s")
-        assert all(st[k] >= 0 for k in (*before, *inside, "measure_s", "item_s", "other_s")), st
+        after = ("record_s", "cleanup_s")
+        assert all(st[k] >= 0 for k in (*before, *inside, *after, "measure_s", "item_s", "other_s")), st
         assert sum(st[k] for k in inside) <= st["measure_s"] + 1e-3
         assert st["measure_s"] > 0 and st["item_s"] >= st["measure_s"]
-        assert abs(sum(st[k] for k in before) + st["measure_s"] + st["other_s"] - st["item_s"]) < 1e-3
+        named = sum(st[k] for k in (*before, *after)) + st["measure_s"]
+        assert abs(named + st["other_s"] - st["item_s"]) < 1e-3
 
 
 def test_crash_loses_only_its_case(tmp_path, registry):

@@ -25,6 +25,7 @@ from dskbench.execution.case import (
     measured_fields,
     time_prepared,
     with_item_time,
+    with_record_time,
 )
 from dskbench.execution.items import SweepOptions, WorkItem
 
@@ -129,6 +130,7 @@ class Batcher:
                 else:
                     h.base["stages"]["measure_s"] = round(share, 4)
                     fields = measured_fields(h.base, h.prep, m, self.device, self.opts, self.ceilings)
+                    fields = with_record_time(fields, t_case)
             except Exception as e:  # noqa: BLE001 - a failing kernel is a result
                 if is_poisoning(f"{type(e).__name__}: {e}"):
                     raise

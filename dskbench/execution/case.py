@@ -66,6 +66,7 @@ def prepare_case(
     Returns the record fields so far and a Prepared case; None when the fields already say why the
     case stops here (status skipped or wrong). Exceptions propagate (the caller records them).
     """
+    t_begin = time.perf_counter()
     adapter = get_adapter(kernel)
     if adapter is None:
         raise PlanError(f"no adapter for {kernel}")
@@ -89,6 +90,7 @@ def prepare_case(
     base["traffic"] = Traffic(traffic.bytes, traffic.flops, traffic.compute, traffic.note).to_json()
     dev = "cuda" if device.kind == "cuda" else "cpu"
     t = time.perf_counter()
+    stages["setup_s"] = round(t - t_begin - stages["resolve_s"], 4)
 
     def lap(name: str) -> None:
         nonlocal t
@@ -187,8 +189,16 @@ def time_prepared(
 
     with gpu_lock.held():  # no builder's GPU work while this case samples (build_ahead.py)
         measured, why = measure_valid(measure_once)
-    base["stages"]["measure_s"] = round(time.perf_counter() - t0, 4)
-    return measured_fields(base, prep, measured, device, opts, ceilings, why)
+    t1 = time.perf_counter()
+    base["stages"]["measure_s"] = round(t1 - t0, 4)
+    return with_record_time(measured_fields(base, prep, measured, device, opts, ceilings, why), t1)
+
+
+def with_record_time(fields: dict[str, Any], since: float) -> dict[str, Any]:
+    """The record fields with the seconds their building took since the measurement ended (record_s)."""
+    if isinstance(fields.get("stages"), dict):
+        fields["stages"]["record_s"] = round(time.perf_counter() - since, 4)
+    return fields
 
 
 def cupti_check(m: Any, launchers: list, mode: str, capturable: bool, settings: Any) -> None:
@@ -404,9 +414,12 @@ def _run_once(
             if hold is not None and hold(item, fields, prep, time.perf_counter() - t0):
                 return None
             fields = time_prepared(fields, prep, device, opts, ceilings)
+        t_clean = time.perf_counter()
         del prep
         # a build's worker leaves the GPU's memory to the sweep's (several of them share one GPU)
         free_memory(device, force=opts.warm_only or fields.get("status") in ("error", "wrong"))
+        if isinstance(fields.get("stages"), dict):
+            fields["stages"]["cleanup_s"] = round(time.perf_counter() - t_clean, 4)
     except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
         fields = error_fields(item, e)
         if not fields.get("poisoned"):

@@ -266,6 +266,7 @@ class Stages(Part):
     bookkeeping (clocks, flush buffer, graph release); item_s is the whole case, clean-up included, and
     other_s what no stage accounts for."""
 
+    setup_s: float | None = _optional("look up the adapter and backend, gate the case, its traffic model")
     resolve_s: float | None = _optional("import and look up the backend's callable")
     inputs_s: float | None = _optional("build the inputs (make_inputs)")
     reference_s: float | None = _optional("run the torch reference")
@@ -277,11 +278,14 @@ class Stages(Part):
     sampling_s: float | None = _optional("the timed batches, until the stopping policy stops")
     cross_check_s: float | None = _optional("the second timer's brief reading (its share of a batch's)")
     measure_s: float | None = _optional("the whole measurement (warm-up, prepare, sampling, bookkeeping)")
+    record_s: float | None = _optional("the record built from the measurement (metrics, clocks, flags)")
+    cleanup_s: float | None = _optional("the case's tensors released (a full collection now and then)")
     item_s: float | None = _optional("the whole case, set-up and clean-up included")
     other_s: float | None = _optional("item_s less the stages above (record keeping, clean-up)")
     extra: Mapping[str, Any] = _extra()
 
     BEFORE_MEASURE: ClassVar[tuple[str, ...]] = (
+        "setup_s",
         "resolve_s",
         "inputs_s",
         "reference_s",
@@ -290,12 +294,14 @@ class Stages(Part):
         "check_s",
     )
     IN_MEASURE: ClassVar[tuple[str, ...]] = ("warmup_s", "prepare_s", "sampling_s")
+    AFTER_MEASURE: ClassVar[tuple[str, ...]] = ("record_s", "cleanup_s")
 
     def with_other(self) -> Stages:
-        """With other_s: item_s less the stages before the measurement and the measurement itself."""
+        """With other_s: item_s less the stages before, during and after the measurement."""
         if not _finite(self.item_s):
             return self
-        known = sum(x for x in (getattr(self, k) for k in (*self.BEFORE_MEASURE, "measure_s")) if _finite(x))
+        named = (*self.BEFORE_MEASURE, "measure_s", *self.AFTER_MEASURE)
+        known = sum(x for x in (getattr(self, k) for k in named) if _finite(x))
         return replace(self, other_s=round(max(0.0, float(self.item_s) - known), 4))
 
 
