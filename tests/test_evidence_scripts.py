@@ -219,14 +219,22 @@ def test_timers_plan_runs_the_subset_batched_per_case_and_batched_again(tmp_path
 
 def test_speed_plan_runs_its_lanes_on_their_own_gpus_and_cores(tmp_path):
     """The sweep on the first GPU after its warm-up, the fresh box's main job on the second with its own
-    HOME (empty JIT caches) and 16 cores, the timers on the third; disjoint core sets."""
+    HOME (empty JIT caches) and 16 cores, then again on what it built, the timers on the third; disjoint
+    core sets."""
     from dskbench.frontends.cli import build_parser
 
     cmds, lines = _plan("speed.sh", tmp_path / "o", EVIDENCE_GPUS="3", EVIDENCE_CORES="64")
     names = [ln.split()[1] for ln in lines]
-    assert names == ["warm", "sweep", "stats", "main-job", "timers"]
+    assert names == ["warm", "sweep", "stats", "main-job", "main-job-again", "timers"]
     gpu_of = {ln.split()[1]: ln.split("CUDA_VISIBLE_DEVICES=")[1].split("]")[0] for ln in lines}
-    assert gpu_of == {"warm": "0", "sweep": "0", "stats": "0", "main-job": "1", "timers": "2"}
+    assert gpu_of == {
+        "warm": "0",
+        "sweep": "0",
+        "stats": "0",
+        "main-job": "1",
+        "main-job-again": "1",
+        "timers": "2",
+    }
     cores = {}
     for name, cmd in zip(names, cmds, strict=True):
         if cmd[0] == "env":
