@@ -171,19 +171,27 @@ class ExpertWeights:
         se = self.scale[e].data_ptr() if self.scale is not None else 0
         return (self.w[e].data_ptr(), se)
 
+    def decode(self, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """fp32 values of stored weights [..., N, K] (one expert or a stack of them): every format's decode
+        is elementwise, so an expert decodes to the same bits alone or inside a stack."""
+        if self.fmt == "bf16":
+            return w.float()
+        assert scale is not None
+        if self.fmt == "fp8_block":
+            return fp8.dequant_block(w, scale)
+        return unpack_int4(w).float() * scale.float().repeat_interleave(GROUP, dim=-1)
+
     def dequant(self, e: int, cache: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
         """Expert e as fp32 [N, K], dequantised once per distinct storage."""
-        we = self.w[e]
-        se = self.scale[e] if self.scale is not None else None
         key = self.key(e)
         if key not in cache:
-            if self.fmt == "bf16":
-                cache[key] = we.float()
-            elif self.fmt == "fp8_block":
-                cache[key] = fp8.dequant_block(we, se)
-            else:
-                cache[key] = unpack_int4(we).float() * se.float().repeat_interleave(GROUP, dim=-1)
+            cache[key] = self.decode(self.w[e], self.scale[e] if self.scale is not None else None)
         return cache[key]
+
+    def dequant_many(self, experts: torch.Tensor) -> torch.Tensor:
+        """Experts `experts` (int64 on the weights' device) as fp32 [len(experts), N, K]: one gather and
+        one decode for all of them, instead of a launch sequence per expert."""
+        return self.decode(self.w[experts], self.scale[experts] if self.scale is not None else None)
 
 
 def make_expert_weights(
