@@ -8,21 +8,9 @@ import torch
 
 from dskbench.adapters.common import fp8
 from dskbench.adapters.moe import reference
-from dskbench.adapters.moe.inputs import ExpertWeights, pack_int4, unpack_int4
+from dskbench.adapters.moe.inputs import ExpertWeights, unpack_int4
 from dskbench.adapters.moe.reference import grouped_gemm_reference
-
-
-def _tiny_weights(fmt: str, e: int, n: int = 256, k: int = 256) -> ExpertWeights:
-    """Distinct random weights per expert in `fmt`."""
-    gen = torch.Generator().manual_seed(3)
-    if fmt == "bf16":
-        return ExpertWeights(fmt, torch.randn(e, n, k, generator=gen).to(torch.bfloat16))
-    if fmt == "fp8_block":
-        w, s = fp8.block_quant(torch.randn(e, n, k, generator=gen))
-        return ExpertWeights(fmt, w, s)
-    q = torch.randint(-8, 8, (e, n, k), generator=gen, dtype=torch.int8)
-    s = (torch.rand(e, n, k // 128, generator=gen) + 0.5).to(torch.bfloat16)
-    return ExpertWeights(fmt, pack_int4(q), s)
+from tests.test_adapters_moe import _tiny_weights
 
 
 def _decode_one(w: ExpertWeights, e: int) -> torch.Tensor:
