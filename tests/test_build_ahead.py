@@ -130,3 +130,13 @@ def test_a_run_building_ahead_measures_each_case_once_its_build_is_done(tmp_path
 def test_cli_build_jobs_needs_build_ahead(capsys):
     assert cli.main(["run", "--device", "cpu", "--kernel", "rmsnorm", "--build-jobs", "2"]) == cli.EXIT_USAGE
     assert "--build-jobs applies only with --build-ahead" in capsys.readouterr().err
+
+
+def test_a_build_line_gives_the_compile_the_whole_item_and_when_it_ended():
+    done = warm.WarmResult("k", "b", None, "c", "ok", None, first_launch_s=12.34, item_s=15.0)
+    assert (
+        build_ahead.build_line(done, 61.6) == "build: ok         12.3 s  k · b  (item   15.0 s, at     62 s)"
+    )
+    crashed = warm.WarmResult("k", "b", None, "c", "error", "boom", first_launch_s=None, item_s=None)
+    line = build_ahead.build_line(crashed, 3.0)
+    assert line.startswith("build: error") and "k · b" in line and line.endswith("at      3 s)")

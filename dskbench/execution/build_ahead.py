@@ -135,6 +135,7 @@ class Builder:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pool: Any = None
+        self._t0 = time.monotonic()  # reset by start(): the builds' clock in their log lines
         self.results: list[Any] = []
         self.failure: BaseException | None = None
         if not self.tokens:  # one GPU, this process's: every worker it starts inherits the lock's name
@@ -156,8 +157,7 @@ class Builder:
 
         r = warm.warm_result(item, fields)
         self.results.append(r)
-        took = f"{r.first_launch_s:7.1f} s" if r.first_launch_s is not None else " " * 9
-        print(f"build: {r.status:7} {took}  {r.kernel} · {r.backend}", file=sys.stderr, flush=True)
+        print(build_line(r, time.monotonic() - self._t0), file=sys.stderr, flush=True)
         if self.memory is not None:
             self.memory.add(item.build or "", r.status)
         self._mark(item.build or "")
@@ -165,6 +165,7 @@ class Builder:
     def start(self) -> None:
         from dskbench.execution import warm
 
+        self._t0 = time.monotonic()
         if not self.picked:  # every build done before on this box
             self._mark(ALL_DONE)
             return
@@ -212,6 +213,15 @@ class Builder:
             f"longest {longest:.0f} s{already}"
             + (f" (builds not remembered: {forgotten})" if forgotten else "")
         )
+
+
+def build_line(r: Any, at_s: float) -> str:
+    """One finished build for the run's log: its status, the compile (first launch), the whole item (a
+    builder's process start is not in it) and when it ended on the builds' clock. Summed over a run, the
+    item seconds against jobs x wall say how busy the builders were."""
+    took = f"{r.first_launch_s:7.1f} s" if r.first_launch_s is not None else " " * 9
+    item = f"item {r.item_s:6.1f} s" if r.item_s is not None else " " * 13
+    return f"build: {r.status:7} {took}  {r.kernel} · {r.backend}  ({item}, at {at_s:6.0f} s)"
 
 
 def start_builder(items: list[WorkItem], opts: SweepOptions, tokens: list[str] | None) -> Builder | None:
