@@ -133,10 +133,65 @@ def test_cli_build_jobs_needs_build_ahead(capsys):
 
 
 def test_a_build_line_gives_the_compile_the_whole_item_and_when_it_ended():
-    done = warm.WarmResult("k", "b", None, "c", "ok", None, first_launch_s=12.34, item_s=15.0)
+    stages = {"bind_s": 2.0, "first_launch_s": 10.34, "item_s": 15.0}
+    done = warm.warm_result(_item(0, "k", 1, "b"), {"status": "ok", "stages": stages})
+    assert (
+        done.build_s == 12.34
+    )  # a FlashInfer wrapper builds in bind (its plan), most others at first launch
     assert (
         build_ahead.build_line(done, 61.6) == "build: ok         12.3 s  k · b  (item   15.0 s, at     62 s)"
     )
     crashed = warm.WarmResult("k", "b", None, "c", "error", "boom", first_launch_s=None, item_s=None)
     line = build_ahead.build_line(crashed, 3.0)
     assert line.startswith("build: error") and "k · b" in line and line.endswith("at      3 s)")
+
+
+def test_a_pool_leaves_out_what_admit_refuses_and_an_emptied_unit_takes_no_worker():
+    from dskbench.execution.limits import CaseLimits
+    from dskbench.execution.pool import Pool
+
+    a, b, c, d = (_item(i, "k", 1 + i, be) for i, be in enumerate(["ok", "gone", "gone", "ok"]))
+    dropped: list = []
+    pool = Pool(
+        [],
+        lambda *_: None,
+        CaseLimits(flat_s=0.0),
+        shared=[[a, b], [c], [d]],
+        admit=lambda it: it.backend != "gone",
+        on_drop=dropped.append,
+    )
+    assert pool._next_unit([]) == [a]
+    assert pool._next_unit([]) == [d]  # the unit of c alone is skipped whole
+    assert pool._next_unit([]) is None
+    assert dropped == [b, c]
+
+
+def test_builds_the_device_cannot_run_are_ready_at_once_and_a_missing_backend_drops_its_other_builds(
+    tmp_path,
+):
+    from dskbench.device.info import DeviceInfo
+
+    kernels = ["fake_ok"]
+    opts = SweepOptions(device="cpu", phases=("decode",), profile="cpu", seed=0, measure_ceilings=False)
+    items, _ = plan_sweep({k: _entry(k) for k in kernels}, default_shapes(), kernels, ["fake", "b200"], opts)
+    per_shape = lambda k, b: True  # noqa: E731 - one build per case, so dropping shows per item
+    builder = build_ahead.Builder(items, opts, None, jobs=1, per_shape=per_shape, device=DeviceInfo("cpu"))
+    try:
+        b200 = {it.build for it in builder.items if it.backend == "b200"}
+        assert b200 and builder.gated == len(b200)  # needs sm100: no builder process for them
+        assert {it.backend for it in builder.picked} == {"fake"}
+        ready = build_ahead.ReadyFile(builder.ready_path)
+        ready.refresh()
+        assert b200 <= ready.done
+        # a build finds the backend missing from this install: its other builds are dropped, marked done
+        first, *rest = builder.picked
+        builder._done(first, {"status": "skipped", "reason": "not available in this install: no module x"})
+        assert rest and not any(builder._admit(it) for it in rest)
+        for it in rest:
+            builder._drop(it)
+        ready.refresh()
+        assert {it.build for it in builder.picked} <= ready.done
+        assert f"{len(b200)} not for this GPU" in builder.summary()
+        assert f"{len(rest)} left out (backend not installed)" in builder.summary()
+    finally:
+        builder.stop()

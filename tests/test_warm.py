@@ -110,13 +110,16 @@ def test_the_longest_builds_of_an_earlier_warm_start_first(tmp_path):
             {
                 "results": [
                     {"kernel": "marlin", "backend": "a", "first_launch_s": 420.0},
+                    # a wrapper that builds in bind: its build seconds, not its first launch, order it
+                    {"kernel": "short", "backend": "a", "first_launch_s": 3.0, "build_s": 900.0},
                     {"kernel": "short", "backend": "a", "first_launch_s": 3.0},
                 ]
             }
         )
     )
     build_s = warm.read_build_times(tmp_path / "w.json")
-    assert [g[0].kernel for g in warm.longest_first(groups, build_s)] == ["marlin", "short", "new"]
+    assert build_s == {("marlin", "a"): 420.0, ("short", "a"): 900.0}
+    assert [g[0].kernel for g in warm.longest_first(groups, build_s)] == ["short", "marlin", "new"]
     (tmp_path / "bad.json").write_text("[]")
     try:
         warm.read_build_times(tmp_path / "bad.json")

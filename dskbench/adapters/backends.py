@@ -25,6 +25,9 @@ class Unavailable(RuntimeError):
     """The backend's code is not in this install (module or attribute missing, import failed)."""
 
 
+UNAVAILABLE = "not available in this install"  # how a skipped record's reason says so: true of every case
+
+
 Window = tuple[int, int | None]  # compute capabilities lo..hi inclusive; hi None: lo and newer
 
 
@@ -192,4 +195,4 @@ def resolve(backend: Backend) -> Resolved:
             continue
         dist = distribution_of(target) if target != backend.target or not backend.package else backend.package
         return Resolved(fn, target, dist, package_version(dist))
-    raise Unavailable("not available in this install: " + "; ".join(tried))
+    raise Unavailable(f"{UNAVAILABLE}: " + "; ".join(tried))

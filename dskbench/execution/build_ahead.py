@@ -34,6 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dskbench.adapters.backends import UNAVAILABLE
+from dskbench.device.info import DeviceInfo
 from dskbench.execution.build_memory import BuildMemory
 from dskbench.execution.gpu_lock import LOCK_ENV
 from dskbench.execution.items import SweepOptions, WorkItem
@@ -109,21 +111,35 @@ class Builder:
         build_s: dict[tuple[str, str], float] | None = None,
         per_shape: Callable[[str, str], bool] | None = None,
         memory: BuildMemory | None = None,
+        device: DeviceInfo | None = None,
     ) -> None:
         from dskbench.device.info import usable_cores
         from dskbench.execution import warm
 
         keys = warm.build_keys(items, per_shape) if per_shape else warm.build_keys(items)
         self.items = with_builds(items, keys)
-        # every build unchecked: the measuring worker checks each case before it times it
-        picked = warm.warm_items(self.items, per_shape) if per_shape else warm.warm_items(self.items)
+        # a build the run's device skips (architecture, GPU count, memory) is no build: the measuring
+        # worker records those cases as skipped at once
+        gated = warm.gated_here(device) if device is not None else (lambda _it: None)
+
+        def skipped(it: WorkItem) -> bool:
+            return bool(warm.skipped_by_case(it) or gated(it))
+
+        picked = warm.warm_items(self.items, per_shape or warm.builds_per_shape, skipped)
         # the builds this box has done before for its GPU and stack are ready from the start
         self.memory = (
             memory if memory is not None else (BuildMemory.here() if opts.device == "cuda" else None)
         )
         known = self.memory.known(it.build or "" for it in picked) if self.memory else set()
         self.already = len(known)
+        no_build = {it.build or "" for it in picked if gated(it)}
+        self.gated = len(no_build - known)
+        known |= no_build
+        # every build unchecked: the measuring worker checks each case before it times it
         self.picked = [dataclasses.replace(it, checked=False) for it in picked if it.build not in known]
+        # (kernel, backend)s found missing from this install by a build: their other builds are dropped
+        self.unavailable: set[tuple[str, str]] = set()
+        self.dropped = 0
         self.opts, self.tokens = opts, list(gpu_tokens or [])
         # one core for the measuring worker, half the rest for builds (warm.default_jobs)
         self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
@@ -160,6 +176,16 @@ class Builder:
         print(build_line(r, time.monotonic() - self._t0), file=sys.stderr, flush=True)
         if self.memory is not None:
             self.memory.add(item.build or "", r.status)
+        if r.status == "skipped" and str(r.reason or "").startswith(UNAVAILABLE):
+            self.unavailable.add((item.kernel, item.backend))  # every other case of it would say the same
+        self._mark(item.build or "")
+
+    def _admit(self, item: WorkItem) -> bool:
+        return (item.kernel, item.backend) not in self.unavailable
+
+    def _drop(self, item: WorkItem) -> None:
+        """A build left out (its backend is missing here): its cases are the measuring worker's to skip."""
+        self.dropped += 1
         self._mark(item.build or "")
 
     def start(self) -> None:
@@ -171,7 +197,15 @@ class Builder:
             return
         env_for = self.env_for if self.tokens else None
         self._pool = warm.warm_pool(
-            self.picked, self.opts, self.jobs, self._done, self.tokens or None, self.build_s, env_for
+            self.picked,
+            self.opts,
+            self.jobs,
+            self._done,
+            self.tokens or None,
+            self.build_s,
+            env_for,
+            admit=self._admit,
+            on_drop=self._drop,
         )
 
         def body() -> None:
@@ -202,9 +236,11 @@ class Builder:
         counts: dict[str, int] = {}
         for r in self.results:
             counts[r.status] = counts.get(r.status, 0) + 1
-        longest = max((r.first_launch_s or 0.0 for r in self.results), default=0.0)
+        longest = max((r.build_s or 0.0 for r in self.results), default=0.0)
         parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         already = f"; {self.already} built before on this box" if self.already else ""
+        already += f"; {self.gated} not for this GPU" if self.gated else ""
+        already += f"; {self.dropped} left out (backend not installed)" if self.dropped else ""
         if not self.picked:
             return f"built ahead: nothing to build{already}"
         forgotten = self.memory.why_forgotten if self.memory is not None else None
@@ -216,20 +252,22 @@ class Builder:
 
 
 def build_line(r: Any, at_s: float) -> str:
-    """One finished build for the run's log: its status, the compile (first launch), the whole item (a
-    builder's process start is not in it) and when it ended on the builds' clock. Summed over a run, the
-    item seconds against jobs x wall say how busy the builders were."""
-    took = f"{r.first_launch_s:7.1f} s" if r.first_launch_s is not None else " " * 9
+    """One finished build for the run's log: its status, the compile (bind and first launch), the whole
+    item (a builder's process start is not in it) and when it ended on the builds' clock. Summed over a
+    run, the item seconds against jobs x wall say how busy the builders were."""
+    took = f"{r.build_s:7.1f} s" if r.build_s is not None else " " * 9
     item = f"item {r.item_s:6.1f} s" if r.item_s is not None else " " * 13
     return f"build: {r.status:7} {took}  {r.kernel} · {r.backend}  ({item}, at {at_s:6.0f} s)"
 
 
-def start_builder(items: list[WorkItem], opts: SweepOptions, tokens: list[str] | None) -> Builder | None:
-    """The run's builders when it builds ahead, not started yet; else None.
-    An in-process run (--no-isolate) builds as it goes."""
+def start_builder(
+    items: list[WorkItem], opts: SweepOptions, tokens: list[str] | None, device: DeviceInfo | None = None
+) -> Builder | None:
+    """The run's builders when it builds ahead, not started yet; else None. device: the GPU the cases
+    are gated for (builds it skips are left out). An in-process run (--no-isolate) builds as it goes."""
     if not (opts.build_ahead and opts.isolate and items):
         return None
-    return Builder(items, opts, tokens, opts.build_jobs)
+    return Builder(items, opts, tokens, opts.build_jobs, device=device)
 
 
 @contextmanager

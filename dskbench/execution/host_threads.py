@@ -10,14 +10,18 @@ from __future__ import annotations
 from dskbench.device.info import usable_cores
 
 GPU_RUN_THREADS = 8
+# A builder (warm.py) makes inputs and launches once; its CPU belongs to the compilers. Several builders
+# with eight threads each kept a 16-core box at a load of 50 with nothing compiling.
+BUILDER_THREADS = 2
 
 
-def limit_for_gpu_run(device_kind: str) -> int | None:
-    """Cap torch's intra-op threads in a GPU run's worker; the count set, or None (a CPU run: unchanged)."""
+def limit_for_gpu_run(device_kind: str, cap: int | None = None) -> int | None:
+    """Cap torch's intra-op threads in a GPU run's worker (at `cap`, default GPU_RUN_THREADS); the count
+    set, or None (a CPU run: unchanged)."""
     if device_kind != "cuda":
         return None
     import torch
 
-    n = max(1, min(GPU_RUN_THREADS, usable_cores()))
+    n = max(1, min(cap or GPU_RUN_THREADS, usable_cores()))
     torch.set_num_threads(n)
     return n

@@ -49,8 +49,13 @@ class Pool:
         on_result: OnResult,
         limits: CaseLimits,
         shared: Sequence[list[WorkItem]] = (),
+        admit: Callable[[WorkItem], bool] | None = None,
+        on_drop: Callable[[WorkItem], None] | None = None,
     ):
+        """admit: asked of each item when its unit is taken; an item it refuses is not run but given to
+        on_drop (a build found pointless meanwhile), and a unit left empty takes no worker."""
         self.slots, self.on_result, self.limits = list(slots), on_result, limits
+        self.admit, self.on_drop = admit, on_drop
         self.shared: queue.Queue[list[WorkItem]] = queue.Queue()
         for unit in shared:
             self.shared.put(unit)
@@ -58,13 +63,25 @@ class Pool:
         self._workers: set[WorkerProcess] = set()
         self._lock = threading.Lock()
 
-    def _next_unit(self, own: list[list[WorkItem]]) -> list[WorkItem] | None:
+    def _take(self, own: list[list[WorkItem]]) -> list[WorkItem] | None:
         if own:
             return own.pop(0)
         try:
             return self.shared.get_nowait()
         except queue.Empty:
             return None
+
+    def _next_unit(self, own: list[list[WorkItem]]) -> list[WorkItem] | None:
+        while (unit := self._take(own)) is not None:
+            if self.admit is None:
+                return unit
+            kept = [it for it in unit if self.admit(it)]
+            for it in unit:
+                if self.on_drop is not None and not any(it is k for k in kept):
+                    self.on_drop(it)
+            if kept:
+                return kept
+        return None
 
     def _drive(self, s: int) -> None:
         slot = self.slots[s]

@@ -173,7 +173,7 @@ def run_sweep(
     to_run, copies = measure_once(items) if opts.dedupe else (items, {})
     from dskbench.execution.build_ahead import building, start_builder
 
-    builder = start_builder(to_run, opts, None)
+    builder = start_builder(to_run, opts, None, device)
     if builder is not None:
         to_run = builder.items
     ceilings = None

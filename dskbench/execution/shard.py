@@ -277,7 +277,7 @@ def run_sharded(
     to_run, copies = measure_once(items) if opts.dedupe else (items, {})
     from dskbench.execution.build_ahead import building, start_builder
 
-    builder = start_builder(to_run, opts, tokens)
+    builder = start_builder(to_run, opts, tokens, gate)
     if builder is not None:
         to_run = builder.items
     shards, loads = shard_items(to_run, n, sweep_cost(to_run, opts, gate))

@@ -29,6 +29,7 @@ from typing import Any
 
 from dskbench.device.info import DeviceInfo, usable_cores
 from dskbench.execution.build_memory import BuildMemory
+from dskbench.execution.host_threads import BUILDER_THREADS
 from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.execution.pool import Pool, Slot
 from dskbench.execution.sweep import case_limits, worker_plan
@@ -115,6 +116,22 @@ def skipped_by_case(item: WorkItem) -> bool:
     return bool(adapter.skip_reason(case) or (backend is not None and backend.skip and backend.skip(case)))
 
 
+def gated_here(device: DeviceInfo) -> Callable[[WorkItem], str | None]:
+    """Why an item is skipped on `device` by the plan's gate (execution/gate.py: architecture, GPU count,
+    memory, the case's own rules), or None: decided without a worker, so a build the device cannot run
+    costs no process."""
+    from dskbench.execution.gate import why_not
+    from dskbench.shapes.cases import Case
+
+    def reason(item: WorkItem) -> str | None:
+        adapter, backend = _adapter_and_backend(item.kernel, item.backend)
+        if adapter is None or backend is None:
+            return None
+        return why_not(adapter, backend, Case.from_json(item.case), device)
+
+    return reason
+
+
 def warm_items(
     items: Sequence[WorkItem],
     per_shape: Callable[[str, str], bool] = builds_per_shape,
@@ -175,9 +192,12 @@ def read_build_times(path: Path) -> dict[tuple[str, str], float]:
         raise WarmError(f"{path}: not a `dskbench warm --out` file ({e})") from e
     out: dict[tuple[str, str], float] = {}
     for r in rows:
-        if isinstance(r, dict) and isinstance(r.get("first_launch_s"), int | float):
+        if not isinstance(r, dict):
+            continue
+        took = r.get("build_s") if isinstance(r.get("build_s"), int | float) else r.get("first_launch_s")
+        if isinstance(took, int | float):
             key = (str(r.get("kernel")), str(r.get("backend")))
-            out[key] = max(out.get(key, 0.0), float(r["first_launch_s"]))
+            out[key] = max(out.get(key, 0.0), float(took))
     return out
 
 
@@ -227,6 +247,8 @@ class WarmResult:
     reason: str | None
     first_launch_s: float | None  # the build (JIT compile, autotune) plus one launch
     item_s: float | None  # the whole item: inputs, reference, bind, first launch, check (some unchecked)
+    # bind and first launch: where a build happens (a FlashInfer wrapper's plan builds its module in bind)
+    build_s: float | None = None
 
 
 def warm_result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
@@ -240,7 +262,17 @@ def warm_result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
         reason=fields.get("reason"),
         first_launch_s=stages.get("first_launch_s"),
         item_s=stages.get("item_s"),
+        build_s=build_seconds(stages),
     )
+
+
+def build_seconds(stages: dict[str, Any]) -> float | None:
+    """A build item's compile time: its bind plus its first launch (None when it never launched)."""
+    first = stages.get("first_launch_s")
+    if not isinstance(first, int | float):
+        return None
+    bind = stages.get("bind_s")
+    return round(float(first) + (float(bind) if isinstance(bind, int | float) else 0.0), 4)
 
 
 def warm_pool(
@@ -251,15 +283,18 @@ def warm_pool(
     gpu_tokens: Sequence[str] | None = None,
     build_s: dict[tuple[str, str], float] | None = None,
     env_for: Callable[[str], dict[str, str]] | None = None,
+    admit: Callable[[WorkItem], bool] | None = None,
+    on_drop: Callable[[WorkItem], None] | None = None,
 ) -> Pool:
     """The pool that prepares the warm items `picked` (nothing timed) in `jobs` worker processes, the
     longest builds first; each item's record fields go to on_result. gpu_tokens: CUDA_VISIBLE_DEVICES
     value of each GPU to spread the workers over (round robin by job), env_for(token) more variables
-    for a worker there; None leaves the environment as it is."""
+    for a worker there; None leaves the environment as it is. admit/on_drop: Pool's (builds to leave
+    out once a unit is taken)."""
     from dskbench.results.environment import worker_env
 
     wopts = dataclasses.replace(opts, warm_only=True, gpus=1, measure_ceilings=False)
-    plan = {**worker_plan(wopts, opts.seed or 0, None), "nice": BUILD_NICE}
+    plan = {**worker_plan(wopts, opts.seed or 0, None), "nice": BUILD_NICE, "threads": BUILDER_THREADS}
 
     def env(j: int) -> dict[str, str] | None:
         if not gpu_tokens:
@@ -276,6 +311,8 @@ def warm_pool(
         lambda _slot, item, fields: on_result(item, fields),
         limits,
         shared=longest_first(build_units(picked), build_s or {}),
+        admit=admit,
+        on_drop=on_drop,
     )
 
 
@@ -318,9 +355,9 @@ def run_warm(
 
 def summary_lines(results: Sequence[WarmResult], wall_s: float, jobs: int) -> list[str]:
     """A table, slowest build first, then the counts and the time saved by building side by side."""
-    lines = [f"{'first launch':>12}  {'status':8} kernel · backend · variant"]
-    for r in sorted(results, key=lambda r: -(r.first_launch_s or 0.0)):
-        t = f"{r.first_launch_s:10.1f} s" if r.first_launch_s is not None else " " * 12
+    lines = [f"{'build':>12}  {'status':8} kernel · backend · variant"]
+    for r in sorted(results, key=lambda r: -(r.build_s or 0.0)):
+        t = f"{r.build_s:10.1f} s" if r.build_s is not None else " " * 12
         why = f"  ({str(r.reason)[:90]})" if r.status not in ("ok",) and r.reason else ""
         lines.append(f"{t}  {r.status:8} {r.kernel} · {r.backend} · {r.variant or '-'}{why}")
     counts: dict[str, int] = {}
@@ -353,7 +390,7 @@ def warm(
         jobs,
         gpu_tokens,
         progress=lambda r: print(
-            f"warm: {r.status:7} {r.first_launch_s or 0:7.1f} s  {r.kernel} · {r.backend}",
+            f"warm: {r.status:7} {r.build_s or 0:7.1f} s  {r.kernel} · {r.backend}",
             file=sys.stderr,
             flush=True,
         ),

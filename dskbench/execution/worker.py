@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     solo = set(plan.get("solo") or ())
     opts = SweepOptions.from_json(plan["opts"])
     device = DeviceInfo.detect(opts.device)
-    host_threads.limit_for_gpu_run(device.kind)
+    host_threads.limit_for_gpu_run(device.kind, plan.get("threads"))  # a builder's plan names fewer
     ceilings = plan["ceilings"]
     batcher: batching.Batcher | None = None
     asked = False
