@@ -1,4 +1,4 @@
-"""scripts/build_seconds.py: the packaged build order refreshed from warm-up and run logs. A line two
+"""scripts/evidence/build_seconds.py: the packaged build order refreshed from warm-up and run logs. A line two
 processes wrote into each other must not become an entry; a longer finished build replaces an
 `unfinished` bound, a shorter one does not."""
 
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "build_seconds.py"
+SCRIPT = ROOT / "scripts" / "evidence" / "build_seconds.py"
 
 
 def _script():

@@ -1,7 +1,7 @@
 """Refresh dskbench/data/build_seconds.json, the build order a box with no warm-up of its own uses, from
 the logs of warm-ups and runs that built ahead.
 
-    python3 scripts/build_seconds.py LOG [LOG ...] [--out dskbench/data/build_seconds.json]
+    python3 scripts/evidence/build_seconds.py LOG [LOG ...] [--out dskbench/data/build_seconds.json]
 
 A log line `warm: ok 12.3 s kernel · backend` (dskbench warm) or `build: ok 12.3 s kernel · backend ...`
 (dskbench run --build-ahead) gives one build's first-launch seconds; `.gz` logs are read as they are.
@@ -22,7 +22,8 @@ from pathlib import Path
 MIN_S = 5.0
 NAME = r"[A-Za-z0-9_.\-]+"
 LINE = re.compile(rf"^(?:warm|build): ok\s+([0-9.]+) s\s+({NAME}) · ({NAME})(?:\s|$)")
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "dskbench" / "data" / "build_seconds.json"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = ROOT / "dskbench" / "data" / "build_seconds.json"
 
 
 def read_lines(path: Path) -> list[str]:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"build_seconds: {args.out}: not JSON ({e})", file=sys.stderr)
         return 2
-    root = DEFAULT_OUT.parent.parent.parent
+    root = ROOT
     names = [
         str(p.resolve().relative_to(root)) if p.resolve().is_relative_to(root) else p.name for p in args.logs
     ]
