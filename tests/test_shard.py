@@ -124,8 +124,11 @@ def test_cost_model_skips_cost_nothing():
         run >= cost_model.CASE_OVERHEAD_S + cost_model.TYPICAL_SAMPLING_S
     )  # sampling: typical, not the budget
     assert (
-        cost_model.item_cost(WorkItem(0, "fake_ok", "fake", t16.case), h200, 0.05) < run
-    )  # a smaller budget
+        cost_model.item_cost(
+            WorkItem(0, "fake_ok", "fake", t16.case), h200, cost_model.TYPICAL_SAMPLING_S / 2
+        )
+        < run
+    )  # a budget below the typical sampling time
     assert cost_model.item_cost(WorkItem(1, "fake_ok", "b200", t16.case), h200, 1.5) == cost_model.SKIP_COST_S
     assert (
         cost_model.item_cost(WorkItem(2, "no_such_kernel", "x", t16.case), h200, 1.5)

@@ -8,13 +8,14 @@ from dskbench.execution.gate import why_not
 from dskbench.execution.items import WorkItem
 from dskbench.shapes.cases import Case
 
-# Fitted to a sweep's stages on one GPU (results/h100-2026-11-26/README.md): a case's time beside its
-# sampling was 0.06 s plus its minimum traffic at 12 GB/s; its sampling stopped on the noise target long
-# before the budget (0.05-0.25 s on average by latency band, 1.5 s allowed).
-CASE_OVERHEAD_S = 0.1  # resolve, inputs, reference, check, warm-up, graph capture, per case
+# Fitted to the quick sweep's 4,088 ok cases on one H200 with batched timing (results/h200-2026-11-27b/):
+# beside its sampling, resolve and first launch a case took 0.012 s, and cases of over 100 MB of minimum
+# traffic about that plus the traffic at 15-30 GB/s; sampling, calibration and capture took 0.016 s on
+# average (a per-case timer, `--no-batch`, takes several times that).
+CASE_OVERHEAD_S = 0.015  # resolve, inputs, reference, check, warm-up, graph capture, per case
 UNIT_OVERHEAD_S = 3.0  # a kernel's first use in a process: imports, JIT build, autotuning
-SETUP_BYTES_PER_S = 1e10  # input generation + fp32 reference + check, per byte of minimum traffic
-TYPICAL_SAMPLING_S = 0.25  # sampling a case takes at most its budget, and usually no more than this
+SETUP_BYTES_PER_S = 2e10  # input generation + fp32 reference + check, per byte of minimum traffic
+TYPICAL_SAMPLING_S = 0.03  # sampling a case takes at most its budget, and usually no more than this
 SKIP_COST_S = 0.01  # a case the GPU will skip (wrong architecture, needs several GPUs, ...)
 
 

@@ -48,7 +48,7 @@ def estimate(dry_run: str, case_s: float) -> str | None:
     if shards:
         secs, how = max(shards), f"the longest of {len(shards)} GPU shards by the cost model"
     else:
-        secs, how = cases * case_s, f"{case_s:.1f} s per case by the cost model"
+        secs, how = cases * case_s, f"{case_s:.2g} s per case by the cost model"
     return (
         f"expected: about {_minutes(secs)} to measure {cases} cases ({how}; "
         "on a fresh box the longest JIT build may take longer)"
