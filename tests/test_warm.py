@@ -233,3 +233,41 @@ def test_a_kernel_with_many_shapes_is_built_by_several_processes_its_module_firs
         ("small", 1),
     ]
     assert warm.jobs_for(shapes + other, 64) <= len(units)
+
+
+def test_a_unit_expected_to_build_long_runs_less_nice_than_the_other_builders():
+    marlin = [_item(0, "marlin", 1, "a"), _item(1, "marlin", 8, "a")]
+    short = [_item(2, "short", 1, "a")]
+    extra = warm.critical_plan([marlin, short], {("marlin", "a"): 800.0, ("short", "a"): 30.0})
+    assert extra(marlin) == {"nice": warm.CRITICAL_NICE} == extra(marlin[1:])  # found by any of its items
+    assert extra(short) == {} and extra([]) == {}
+    assert 0 < warm.CRITICAL_NICE < warm.BUILD_NICE  # nicer than the measuring worker, less than builders
+
+
+def test_the_pool_gives_a_units_plan_keys_to_its_worker(monkeypatch):
+    from dskbench.execution import pool as pool_mod
+    from dskbench.execution.limits import CaseLimits
+
+    plans = []
+
+    class Recorder:
+        def __init__(self, plan, local, *args, **kwargs):
+            plans.append(plan)
+
+        def run(self, todo, solo):
+            return [], set()
+
+    monkeypatch.setattr(pool_mod, "WorkerProcess", Recorder)
+    units = [[_item(0, "long", 1)], [_item(1, "short", 1)]]
+    p = pool_mod.Pool(
+        [pool_mod.Slot("build 0", {"nice": warm.BUILD_NICE, "threads": 2})],
+        lambda *_: None,
+        CaseLimits(flat_s=0.0),
+        shared=units,
+        unit_plan=lambda unit: {"nice": 5} if unit[0].kernel == "long" else {},
+    )
+    p.run()
+    assert [(pl["nice"], pl["threads"], len(pl["items"])) for pl in plans] == [
+        (5, 2, 1),
+        (warm.BUILD_NICE, 2, 1),
+    ]

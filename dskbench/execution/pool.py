@@ -51,11 +51,13 @@ class Pool:
         shared: Sequence[list[WorkItem]] = (),
         admit: Callable[[WorkItem], bool] | None = None,
         on_drop: Callable[[WorkItem], None] | None = None,
+        unit_plan: Callable[[list[WorkItem]], Mapping[str, Any]] | None = None,
     ):
         """admit: asked of each item when its unit is taken; an item it refuses is not run but given to
-        on_drop (a build found pointless meanwhile), and a unit left empty takes no worker."""
+        on_drop (a build found pointless meanwhile), and a unit left empty takes no worker. unit_plan:
+        keys a unit's worker plan takes over its slot's (a long build's niceness)."""
         self.slots, self.on_result, self.limits = list(slots), on_result, limits
-        self.admit, self.on_drop = admit, on_drop
+        self.admit, self.on_drop, self.unit_plan = admit, on_drop, unit_plan
         self.shared: queue.Queue[list[WorkItem]] = queue.Queue()
         for unit in shared:
             self.shared.put(unit)
@@ -93,7 +95,8 @@ class Pool:
             if unit is None:
                 return
             local = [dataclasses.replace(it, index=j) for j, it in enumerate(unit)]
-            plan = {**slot.plan, "items": [dataclasses.asdict(it) for it in local]}
+            extra = self.unit_plan(unit) if self.unit_plan else {}
+            plan = {**slot.plan, **extra, "items": [dataclasses.asdict(it) for it in local]}
 
             def record(item: WorkItem, fields: dict[str, Any], unit=unit) -> None:
                 self.on_result(s, unit[item.index], fields)

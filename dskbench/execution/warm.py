@@ -40,6 +40,11 @@ GIB_PER_JOB = 6  # host memory one build may take (nvcc on a large CUTLASS or Ma
 # and a warm-up alone leaves the box responsive. Among builders a long build's many compiler processes
 # still get most of the CPU.
 BUILD_NICE = 10
+# The longest builds set when the last one ends: on a box whose compilers use every core, a single
+# compiler process of Marlin's took 12.5 minutes sharing the CPU evenly. A unit expected to build this
+# long runs a little less nice than the other builders (still nicer than the measuring worker).
+CRITICAL_BUILD_S = 240.0
+CRITICAL_NICE = 5
 # Backends whose compiler runs again for each new shape: Triton specialises a kernel on its integer
 # arguments (and autotunes per key), CuTe DSL compiles per shape. Their every case is warmed, not one.
 PER_SHAPE_KINDS = ("triton", "cutedsl")
@@ -163,22 +168,44 @@ def warm_items(
     return out
 
 
-def longest_first(units: list[list[WorkItem]], build_s: dict[tuple[str, str], float]) -> list[list[WorkItem]]:
-    """Units ordered by the build seconds an earlier warm-up recorded for their (kernel, backend)s,
-    longest first, so the long builds start at once and the short ones fill the other jobs. A
-    (kernel, backend) costs its build seconds in the first unit that holds it (where its module builds)
-    and PER_SHAPE_S an item after that (a compile for one more shape)."""
+def unit_costs(units: list[list[WorkItem]], build_s: dict[tuple[str, str], float]) -> list[float]:
+    """Each unit's expected build seconds, from those an earlier warm-up recorded for its (kernel,
+    backend)s: a (kernel, backend) costs its build seconds in the first unit that holds it (where its
+    module builds) and PER_SHAPE_S an item after that (a compile for one more shape)."""
     seen: set[tuple[str, str]] = set()
-    costs: dict[int, float] = {}
-    for u, unit in enumerate(units):
+    costs = []
+    for unit in units:
         cost = 0.0
         for it in unit:
             pair = (it.kernel, it.backend)
             cost += build_s.get(pair, 0.0) if pair not in seen else PER_SHAPE_S * (pair in build_s)
             seen.add(pair)
-        costs[u] = cost
+        costs.append(cost)
+    return costs
+
+
+def longest_first(units: list[list[WorkItem]], build_s: dict[tuple[str, str], float]) -> list[list[WorkItem]]:
+    """Units ordered by unit_costs, longest first, so the long builds start at once and the short ones
+    fill the other jobs."""
+    costs = unit_costs(units, build_s)
     order = sorted(range(len(units)), key=lambda u: costs[u], reverse=True)  # stable: unknown keep plan order
     return [units[u] for u in order]
+
+
+def critical_plan(
+    units: list[list[WorkItem]], build_s: dict[tuple[str, str], float]
+) -> Callable[[list[WorkItem]], dict]:
+    """The plan keys of a unit's builder: CRITICAL_NICE for a unit expected to build CRITICAL_BUILD_S or
+    longer (looked up by any of its items: a unit may reach its builder with items left out)."""
+    unit_of = {
+        it.index: cost for unit, cost in zip(units, unit_costs(units, build_s), strict=True) for it in unit
+    }
+
+    def extra(unit: list[WorkItem]) -> dict:
+        cost = max((unit_of.get(it.index, 0.0) for it in unit), default=0.0)
+        return {"nice": CRITICAL_NICE} if cost >= CRITICAL_BUILD_S else {}
+
+    return extra
 
 
 def read_build_times(path: Path) -> dict[tuple[str, str], float]:
@@ -303,6 +330,7 @@ def warm_pool(
         return {**worker_env(token), **(env_for(token) if env_for else {})}
 
     slots = [Slot(f"build {j}", plan, env=env(j)) for j in range(jobs)]
+    units = build_units(picked)
     limits = case_limits(
         wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
     )
@@ -310,9 +338,10 @@ def warm_pool(
         slots,
         lambda _slot, item, fields: on_result(item, fields),
         limits,
-        shared=longest_first(build_units(picked), build_s or {}),
+        shared=longest_first(units, build_s or {}),
         admit=admit,
         on_drop=on_drop,
+        unit_plan=critical_plan(units, build_s or {}),
     )
 
 
