@@ -141,6 +141,11 @@ def test_a_build_line_gives_the_compile_the_whole_item_and_when_it_ended():
     assert (
         build_ahead.build_line(done, 61.6) == "build: ok         12.3 s  k · b  (item   15.0 s, at     62 s)"
     )
+    slow = {"resolve_s": 30.2, "inputs_s": 2.0, "bind_s": 0.0, "first_launch_s": 3.0, "item_s": 36.0}
+    waited = warm.warm_result(_item(0, "k", 1, "b"), {"status": "ok", "stages": slow})
+    assert build_ahead.build_line(waited, 5.0).endswith(
+        "(item   36.0 s, most in resolve 30.2 s, at      5 s)"
+    )
     crashed = warm.WarmResult("k", "b", None, "c", "error", "boom", first_launch_s=None, item_s=None)
     line = build_ahead.build_line(crashed, 3.0)
     assert line.startswith("build: error") and "k · b" in line and line.endswith("at      3 s)")

@@ -257,7 +257,16 @@ def build_line(r: Any, at_s: float) -> str:
     run, the item seconds against jobs x wall say how busy the builders were."""
     took = f"{r.build_s:7.1f} s" if r.build_s is not None else " " * 9
     item = f"item {r.item_s:6.1f} s" if r.item_s is not None else " " * 13
-    return f"build: {r.status:7} {took}  {r.kernel} · {r.backend}  ({item}, at {at_s:6.0f} s)"
+    return f"build: {r.status:7} {took}  {r.kernel} · {r.backend}  ({item}{_most(r)}, at {at_s:6.0f} s)"
+
+
+def _most(r: Any) -> str:
+    """', most in STAGE N s' when a stage other than the build's own took most of a long item."""
+    parts = {k: v for k, v in r.stages.items() if k not in ("item_s", "bind_s", "first_launch_s")}
+    if not parts or r.item_s is None or r.item_s < 5.0:
+        return ""
+    name, secs = max(parts.items(), key=lambda kv: kv[1])
+    return f", most in {name.removesuffix('_s')} {secs:.1f} s" if secs > (r.build_s or 0.0) else ""
 
 
 def start_builder(

@@ -276,6 +276,7 @@ class WarmResult:
     item_s: float | None  # the whole item: inputs, reference, bind, first launch, check (some unchecked)
     # bind and first launch: where a build happens (a FlashInfer wrapper's plan builds its module in bind)
     build_s: float | None = None
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)  # the item's stages, as recorded
 
 
 def warm_result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
@@ -290,6 +291,7 @@ def warm_result(item: WorkItem, fields: dict[str, Any]) -> WarmResult:
         first_launch_s=stages.get("first_launch_s"),
         item_s=stages.get("item_s"),
         build_s=build_seconds(stages),
+        stages={k: float(v) for k, v in stages.items() if isinstance(v, int | float)},
     )
 
 
