@@ -315,6 +315,18 @@ BAD_EDITS = [
         "    in: [T, Hx]\n    out: [T, H]\n    roles:\n      norm: [{T: T, D: H}]\n  post",
         "ops.input_layernorm.in[1]: unknown name 'Hx' in 'Hx' (not a model symbol or sweep variable); did you mean 'H'?",
     ),
+    # sweep-point bounds
+    (
+        "    at_most: {B * kv_len: max_kv_tokens}\n",
+        "    at_most: {B * kv_len: max_kv_token}\n",
+        "ops.attn_mqa.at_most.\"B * kv_len\": unknown name 'max_kv_token' in 'max_kv_token' (not a model symbol, "
+        "limit or sweep variable); did you mean 'max_kv_tokens'?",
+    ),
+    (
+        "  max_kv_tokens: 33554432\n",
+        "  max_kv_tokens: -1\n",
+        "limits.max_kv_tokens: expected a positive number, got -1",
+    ),
 ]
 
 
@@ -343,3 +355,17 @@ def test_every_role_an_adapter_reads_is_a_known_role():
     assert {a.role for a in adapters().values()} <= ROLES
     used = {role for op in S.ops.values() for role in op.roles}
     assert used <= ROLES
+
+
+def test_a_bound_leaves_out_the_points_beyond_it():
+    """attn_mqa keeps B x kv_len within limits.max_kv_tokens: 512 requests stop at 65,536 tokens each, and
+    every smaller batch keeps every KV length."""
+    shapes = default_shapes()
+    op = shapes.ops["attn_mqa"]
+    points = shapes.points(op, op.roles["mla_decode"], "decode", "full")
+    cap = shapes.limits["max_kv_tokens"]
+    assert points and all(p["B"] * p["kv_len"] <= cap for p in points)
+    longest = {b: max(p["kv_len"] for p in points if p["B"] == b) for b in {p["B"] for p in points}}
+    assert longest[512] == 65536 and longest[256] == max(shapes.sweeps["kv_lens"]) == 131072
+    assert shapes.within(op, {"B": 512, "kv_len": 65536, "tp": 1})
+    assert not shapes.within(op, {"B": 512, "kv_len": 131072, "tp": 1})

@@ -40,6 +40,7 @@ class OpSpec:
     reason: str | None = None
     layers: str | None = None  # "dense" (layers 0..2), "moe" (3..60) or None (every layer)
     models: tuple[str, ...] = ()  # the models that run the op; () = DeepSeek-R1, the file's model
+    at_most: dict[str, str] = field(default_factory=dict)  # expression -> bound: points beyond are left out
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class ModelShapes:
             self.op_groups: dict[str, list[str]] = {
                 k: list(v) for k, v in (data.get("op_groups") or {}).items()
             }
+            self.limits: dict[str, int | float] = dict(data.get("limits") or {})
             self.ops: dict[str, OpSpec] = {}
             for name, spec in data["ops"].items():
                 self.ops[name] = _op_spec(name, spec or {})
@@ -218,7 +220,13 @@ class ModelShapes:
             var_lists["tp"] = "tp"
         names = list(var_lists)
         grids = [self.values(var_lists[n], profile) for n in names]
-        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grids)]
+        points = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grids)]
+        return [p for p in points if self.within(op, p)] if op.at_most else points
+
+    def within(self, op: OpSpec, point: dict[str, int]) -> bool:
+        """Whether a sweep point keeps to the op's `at_most` bounds (e.g. the KV tokens a batch holds)."""
+        env = {**self.env(point), **self.limits}
+        return all(evaluate(expr, env) <= evaluate(bound, env) for expr, bound in op.at_most.items())
 
     def cases(
         self,
@@ -265,6 +273,7 @@ def _op_spec(name: str, spec: dict[str, Any]) -> OpSpec:
         reason=spec.get("reason"),
         layers=spec.get("layers"),
         models=tuple(spec.get("models") or ()),
+        at_most={str(k): v for k, v in (spec.get("at_most") or {}).items()},
     )
 
 

@@ -195,6 +195,8 @@ class Op(_Strict):
     reason: str | None = None
     layers: Literal["dense", "moe"] | None = None
     models: Names = []
+    # sweep points kept only where each expression is at most its bound (`B * kv_len: max_kv_tokens`)
+    at_most: dict[str, Expr] = {}
 
 
 class ShapesFile(_Strict):
@@ -204,6 +206,7 @@ class ShapesFile(_Strict):
     quick: dict[str, ValueList] = {}
     cpu: dict[str, ValueList] = {}
     op_groups: dict[str, Names] = {}
+    limits: dict[str, PositiveNumber] = {}  # named bounds an op's `at_most` may use
     ops: dict[str, Op]
 
 
@@ -340,6 +343,16 @@ def check_references(data: Mapping[str, Any]) -> None:
             _sweep_vars((*here, "vars", phase), mapping, sweeps)
         for i, model in enumerate(op.get("models") or ()):
             _known((*here, "models", i), model, MODELS, "model")
+        bound_names = {*symbols, *(data.get("limits") or {}), *SWEEP_VARS}
+        for expr, bound in (op.get("at_most") or {}).items():
+            for part in (expr, bound):
+                unknown = sorted(names_in(part) - bound_names)
+                if unknown:
+                    raise SchemaError(
+                        (*here, "at_most", expr),
+                        f"unknown name {unknown[0]!r} in {part!r} (not a model symbol, limit or sweep variable)"
+                        + did_you_mean(unknown[0], bound_names, False),
+                    )
         _known_keys((*here, "roles"), op.get("roles") or {}, ROLES, "role")
         for role, variants in (op.get("roles") or {}).items():
             _variants((*here, "roles", role), variants)
