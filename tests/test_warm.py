@@ -271,3 +271,19 @@ def test_the_pool_gives_a_units_plan_keys_to_its_worker(monkeypatch):
         (5, 2, 1),
         (warm.BUILD_NICE, 2, 1),
     ]
+
+
+def test_builds_the_device_skips_are_cut_to_one_per_backend_which_says_why():
+    kernels = ["fake_ok"]
+    opts = SweepOptions(device="cpu", phases=("decode",), profile="cpu", seed=0, measure_ceilings=False)
+    items, _ = plan_sweep({k: _entry(k) for k in kernels}, default_shapes(), kernels, ["fake", "b200"], opts)
+    per_shape = lambda k, b: True  # noqa: E731 - a build per shape: many keys per backend
+    every = warm.warm_items(items, per_shape)
+    assert sum(it.backend == "b200" for it in every) > 1
+    cut = warm.warm_plan(items, DeviceInfo("cpu"), per_shape)
+    assert [it.backend for it in cut].count("b200") == 1  # needs sm100: one item records why
+    assert [it for it in cut if it.backend == "fake"] == [it for it in every if it.backend == "fake"]
+    assert warm.warm_plan(items, None, per_shape) == every
+    results = warm.run_warm(items, opts, jobs=1, device=DeviceInfo("cpu"))
+    b200 = [r for r in results if r.backend == "b200"]
+    assert len(b200) == 1 and b200[0].status == "skipped" and "sm100" in b200[0].reason

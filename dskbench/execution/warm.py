@@ -137,6 +137,29 @@ def gated_here(device: DeviceInfo) -> Callable[[WorkItem], str | None]:
     return reason
 
 
+def warm_plan(
+    items: Sequence[WorkItem],
+    device: DeviceInfo | None,
+    per_shape: Callable[[str, str], bool] = builds_per_shape,
+) -> list[WorkItem]:
+    """warm_items, with builds the device skips (gated_here) cut to one per (kernel, backend): that item
+    records why, and the others (a per-shape backend for another architecture has dozens) start no
+    process."""
+    if device is None:
+        return warm_items(items, per_shape)
+    gated = gated_here(device)
+    picked = warm_items(items, per_shape, lambda it: bool(skipped_by_case(it) or gated(it)))
+    said: set[tuple[str, str]] = set()
+    out = []
+    for it in picked:
+        if gated(it):
+            if (it.kernel, it.backend) in said:
+                continue
+            said.add((it.kernel, it.backend))
+        out.append(it)
+    return out
+
+
 def warm_items(
     items: Sequence[WorkItem],
     per_shape: Callable[[str, str], bool] = builds_per_shape,
@@ -355,14 +378,15 @@ def run_warm(
     progress: Callable[[WarmResult], None] | None = None,
     build_s: dict[tuple[str, str], float] | None = None,
     memory: BuildMemory | None = None,
+    device: DeviceInfo | None = None,
 ) -> list[WarmResult]:
-    """Prepare every warm item (no timing) in `jobs` worker processes at once.
+    """Prepare every warm item (no timing) in `jobs` worker processes at once (warm_plan's, for `device`).
 
     gpu_tokens: CUDA_VISIBLE_DEVICES value of each GPU to spread the workers over (round robin by
     job); None leaves the environment as it is. memory: where the builds done are remembered (a later
     `run --build-ahead` leaves them out). Returns one WarmResult per item, in plan order.
     """
-    picked = warm_items(items)
+    picked = warm_plan(items, device)
     if not picked:
         return []
     results: dict[int, WarmResult] = {}
@@ -427,6 +451,7 @@ def warm(
         ),
         build_s=build_s,
         memory=BuildMemory.here() if opts.device == "cuda" else None,
+        device=DeviceInfo.detect(opts.device),
     )
     wall = time.monotonic() - t0
     jobs = jobs_for(items, jobs)
