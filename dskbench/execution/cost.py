@@ -8,10 +8,9 @@ from dskbench.execution.gate import why_not
 from dskbench.execution.items import WorkItem
 from dskbench.shapes.cases import Case
 
-# Fitted to the quick sweep's 4,088 ok cases on one H200 with batched timing (results/h200-2026-11-27b/):
-# beside its sampling, resolve and first launch a case took 0.012 s, and cases of over 100 MB of minimum
-# traffic about that plus the traffic at 15-30 GB/s; sampling, calibration and capture took 0.016 s on
-# average (a per-case timer, `--no-batch`, takes several times that).
+# Fitted to the quick sweep's ok cases on one H200 with batched timing (the fit is in
+# results/h200-2026-11-27b/README.md): a fixed cost per case, its minimum traffic at a set-up rate, and
+# its sampling with calibration and capture (a per-case timer, `--no-batch`, takes several times that).
 CASE_OVERHEAD_S = 0.015  # resolve, inputs, reference, check, warm-up, graph capture, per case
 UNIT_OVERHEAD_S = 3.0  # a kernel's first use in a process: imports, JIT build, autotuning
 SETUP_BYTES_PER_S = 2e10  # input generation + fp32 reference + check, per byte of minimum traffic

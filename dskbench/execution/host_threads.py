@@ -10,8 +10,8 @@ from __future__ import annotations
 from dskbench.device.info import usable_cores
 
 GPU_RUN_THREADS = 8
-# A builder (warm.py) makes inputs and launches once; its CPU belongs to the compilers. Several builders
-# with eight threads each kept a 16-core box at a load of 50 with nothing compiling.
+# A builder (warm.py) makes inputs and launches once; its CPU belongs to the compilers, and several
+# builders with eight threads each oversubscribe a box many times over.
 BUILDER_THREADS = 2
 
 

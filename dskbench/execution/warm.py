@@ -40,9 +40,9 @@ GIB_PER_JOB = 6  # host memory one build may take (nvcc on a large CUTLASS or Ma
 # and a warm-up alone leaves the box responsive. Among builders a long build's many compiler processes
 # still get most of the CPU.
 BUILD_NICE = 10
-# The longest builds set when the last one ends: on a box whose compilers use every core, a single
-# compiler process of Marlin's took 12.5 minutes sharing the CPU evenly. A unit expected to build this
-# long runs a little less nice than the other builders (still nicer than the measuring worker).
+# The longest builds set when the last one ends, and on a box whose compilers use every core a long
+# single-file build shares the CPU evenly with dozens of short ones. A unit expected to build this long
+# runs a little less nice than the other builders (still nicer than the measuring worker).
 CRITICAL_BUILD_S = 240.0
 CRITICAL_NICE = 5
 # Backends whose compiler runs again for each new shape: Triton specialises a kernel on its integer
