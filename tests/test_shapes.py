@@ -369,3 +369,20 @@ def test_a_bound_leaves_out_the_points_beyond_it():
     assert longest[512] == 65536 and longest[256] == max(shapes.sweeps["kv_lens"]) == 131072
     assert shapes.within(op, {"B": 512, "kv_len": 65536, "tp": 1})
     assert not shapes.within(op, {"B": 512, "kv_len": 131072, "tp": 1})
+
+
+def test_every_decode_batch_a_step_is_priced_at_has_attention_and_sampler_points():
+    """`pick` prices a decode step at each decode token count; the step is complete only where MLA
+    attention, its q merge and the sampler are swept at that batch (attention at the deployment's KV
+    length, 4096 by default)."""
+    shapes = default_shapes()
+    batches = set(shapes.sweeps["decode_tokens"])
+    for op_name, role in [
+        ("attn_mqa", "mla_decode"),
+        ("_merge_q", "concat_q"),
+        ("sampler.forward", "sampling"),
+    ]:
+        op = shapes.ops[op_name]
+        points = shapes.points(op, op.roles[role], "decode", "full")
+        have = {p["B"] for p in points if p.get("kv_len", 4096) == 4096}
+        assert batches <= have, (op_name, sorted(batches - have))
