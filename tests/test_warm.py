@@ -287,3 +287,17 @@ def test_builds_the_device_skips_are_cut_to_one_per_backend_which_says_why():
     results = warm.run_warm(items, opts, jobs=1, device=DeviceInfo("cpu"))
     b200 = [r for r in results if r.backend == "b200"]
     assert len(b200) == 1 and b200[0].status == "skipped" and "sm100" in b200[0].reason
+
+
+def test_cheap_neighbouring_units_share_a_process_and_a_long_build_keeps_its_own():
+    a = [_item(0, "a", 1), _item(1, "a", 8)]
+    b = [_item(2, "b", 1)]
+    marlin = [_item(3, "marlin", 1)]
+    c = [_item(4, "c", 1), _item(5, "c", 8)]
+    full = [_item(6 + i, "tri", 1 + i) for i in range(warm.UNIT_ITEMS)]  # a per-shape unit, full already
+    d = [_item(40, "d", 1)]
+    units = [a, b, marlin, c, full, d]
+    out = warm.packed(units, {("marlin", "a"): 600.0})
+    assert [[it.index for it in u] for u in out] == [[0, 1, 2], [3], [4, 5], [it.index for it in full], [40]]
+    assert [it for u in out for it in u] == [it for u in units for it in u]  # plan order kept
+    assert warm.packed(units, {}, size=3)[0] == [*a, *b]

@@ -49,6 +49,7 @@ CRITICAL_NICE = 5
 # arguments (and autotunes per key), CuTe DSL compiles per shape. Their every case is warmed, not one.
 PER_SHAPE_KINDS = ("triton", "cutedsl")
 UNIT_ITEMS = 16  # builds one builder process takes at a time (build_units)
+CHEAP_BUILD_S = 5.0  # a unit expected to build in less shares its process with its neighbours (packed)
 PER_SHAPE_S = 3.0  # the cost longest_first gives a build after its module's first (one more shape)
 
 
@@ -282,6 +283,27 @@ def build_units(items: Sequence[WorkItem], size: int = UNIT_ITEMS) -> list[list[
     return [g[i : i + size] for g in kernel_groups(items) for i in range(0, len(g), size)]
 
 
+def packed(
+    units: list[list[WorkItem]], build_s: dict[tuple[str, str], float], size: int = UNIT_ITEMS
+) -> list[list[WorkItem]]:
+    """The units, with neighbouring cheap ones (expected under CHEAP_BUILD_S each, by unit_costs) joined
+    up to `size` items: a process start costs more than most of their builds, and a box that builds
+    while it measures spends it on every unit. A unit with a long build keeps a process to itself."""
+    out: list[list[WorkItem]] = []
+    open_unit: list[WorkItem] | None = None
+    for unit, cost in zip(units, unit_costs(units, build_s), strict=True):
+        if cost >= CHEAP_BUILD_S:
+            out.append(unit)
+            open_unit = None  # joined units stay in plan order
+            continue
+        if open_unit is not None and len(open_unit) + len(unit) <= size:
+            open_unit.extend(unit)
+            continue
+        open_unit = list(unit)
+        out.append(open_unit)
+    return out
+
+
 def jobs_for(items: Sequence[WorkItem], jobs: int) -> int:
     """Worker processes a warm-up of these items runs at once: no more than it has units (build_units)."""
     return max(1, min(jobs, len(build_units(warm_items(items)))))
@@ -355,7 +377,7 @@ def warm_pool(
         return {**worker_env(token), **(env_for(token) if env_for else {})}
 
     slots = [Slot(f"build {j}", plan, env=env(j)) for j in range(jobs)]
-    units = build_units(picked)
+    units = packed(build_units(picked), build_s or {})
     limits = case_limits(
         wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
     )
