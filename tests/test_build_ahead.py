@@ -200,3 +200,14 @@ def test_builds_the_device_cannot_run_are_ready_at_once_and_a_missing_backend_dr
         assert f"{len(rest)} left out (backend not installed)" in builder.summary()
     finally:
         builder.stop()
+
+
+def test_the_summary_says_how_much_of_the_builders_time_went_to_items():
+    done = [
+        warm.warm_result(
+            _item(i, "k", 1, "b"), {"status": "ok", "stages": {"item_s": 30.0, "first_launch_s": 1.0}}
+        )
+        for i in range(2)
+    ]
+    assert build_ahead.busy_text(done, 2, 100.0) == "; 30% of 2 x 100 s in build items"
+    assert build_ahead.busy_text([], 2, 100.0) == "" and build_ahead.busy_text(done, 2, 0.0) == ""

@@ -152,6 +152,7 @@ class Builder:
         self._thread: threading.Thread | None = None
         self._pool: Any = None
         self._t0 = time.monotonic()  # reset by start(): the builds' clock in their log lines
+        self._ended: float | None = None
         self.results: list[Any] = []
         self.failure: BaseException | None = None
         if not self.tokens:  # one GPU, this process's: every worker it starts inherits the lock's name
@@ -221,6 +222,7 @@ class Builder:
 
     def stop(self) -> None:
         """End the builders (a run that ends first kills those left) and remove the folder."""
+        self._ended = time.monotonic()
         if self._pool is not None:
             self._pool.stop.set()
             self._pool.kill_all()
@@ -244,11 +246,21 @@ class Builder:
         if not self.picked:
             return f"built ahead: nothing to build{already}"
         forgotten = self.memory.why_forgotten if self.memory is not None else None
+        wall = (self._ended or time.monotonic()) - self._t0
         return (
             f"built ahead: {len(self.results)} of {len(self.picked)} builds ({parts}) in {self.jobs} jobs; "
-            f"longest {longest:.0f} s{already}"
+            f"longest {longest:.0f} s{busy_text(self.results, self.jobs, wall)}{already}"
             + (f" (builds not remembered: {forgotten})" if forgotten else "")
         )
+
+
+def busy_text(results: Sequence[Any], jobs: int, wall_s: float) -> str:
+    """'; N% of J x W s in build items': how much of the builders' time went to items (the rest: process
+    starts, imports, waiting for work). Empty when there is nothing to say."""
+    spent = sum(r.item_s or 0.0 for r in results)
+    if wall_s <= 0 or jobs <= 0 or not spent:
+        return ""
+    return f"; {100 * spent / (jobs * wall_s):.0f}% of {jobs} x {wall_s:.0f} s in build items"
 
 
 def build_line(r: Any, at_s: float) -> str:
