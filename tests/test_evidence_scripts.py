@@ -248,15 +248,20 @@ def test_speed_plan_runs_its_lanes_on_their_own_gpus_and_cores(tmp_path):
             build_parser().parse_args(cmd[3:])
     assert len(cores["main-job"]) == 16
     assert not (cores["main-job"] & cores["sweep"]) and not (cores["timers"] & cores["sweep"])
+    # a box of one GPU and 16 cores: the fresh lane alone, on that GPU, on every core
+    cmds, lines = _plan("speed.sh", tmp_path / "one", EVIDENCE_GPUS="1", EVIDENCE_CORES="16")
+    assert [ln.split()[1] for ln in lines] == ["main-job", "main-job-again"]
+    assert all("[CUDA_VISIBLE_DEVICES=0]" in ln for ln in lines)
+    assert all("taskset" not in cmd for cmd in cmds)
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     p = subprocess.run(
         ["bash", str(EVIDENCE / "speed.sh"), str(tmp_path / "x")],
-        env={**env, "EVIDENCE_GPUS": "1"},
+        env={**env, "EVIDENCE_GPUS": "0"},
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert p.returncode == 2 and "needs two or more GPUs" in p.stderr
+    assert p.returncode == 2 and "speed.sh: needs a GPU" in p.stderr
 
 
 def test_shared_gpu_plan_refuses_then_runs_beside_then_waits(tmp_path):

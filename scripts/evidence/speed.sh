@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite's speed on one host of two or more GPUs, its lanes side by side, into OUT:
+# The suite's speed on one host, its lanes side by side, into OUT (one GPU: the fresh lane alone, on it):
 #
 #   bash scripts/evidence/speed.sh OUT
 #
@@ -28,8 +28,8 @@ if [ $# -ne 1 ]; then
 fi
 # shellcheck source=steps.sh
 source scripts/evidence/steps.sh "$1" || exit $?
-if [ "${#gpus[@]}" -lt 2 ]; then
-    echo "speed.sh: needs two or more GPUs (found ${#gpus[@]}; EVIDENCE_GPUS=N to say how many)" >&2
+if [ "${#gpus[@]}" -lt 1 ]; then
+    echo "speed.sh: needs a GPU (found none; EVIDENCE_GPUS=N to say how many)" >&2
     exit 2
 fi
 top="$out"
@@ -37,11 +37,15 @@ cores="${EVIDENCE_CORES:-$(nproc 2>/dev/null || echo 1)}"
 fresh_cores="${FRESH_CORES:-16}"
 lanes=2
 [ "${#gpus[@]}" -ge 3 ] && lanes=3
+[ "${#gpus[@]}" = 1 ] && lanes=1  # a box of one GPU (and its cores): the fresh lane is the box itself
+fresh_gpu=1
+[ "$lanes" = 1 ] && fresh_gpu=0
 timer_cores=0
 [ "$lanes" = 3 ] && timer_cores=$(((cores - fresh_cores) / 8))
 [ "$lanes" = 3 ] && [ "$timer_cores" -lt 2 ] && timer_cores=2
 split=1  # lanes on cores of their own only where each gets a few
 [ $((cores - fresh_cores - timer_cores)) -ge 4 ] || split=0
+[ "$lanes" = 1 ] && split=0
 
 pin() {  # pin FIRST COUNT: the command prefix that keeps a lane on cores FIRST..FIRST+COUNT-1 (taskset)
     if [ "$split" = 1 ] && command -v taskset >/dev/null 2>&1; then
@@ -69,7 +73,7 @@ sweep_lane() {
 
 fresh_lane() {
     lane fresh
-    export CUDA_VISIBLE_DEVICES="$(gpu 1)"
+    export CUDA_VISIBLE_DEVICES="$(gpu "$fresh_gpu")"
     mkdir -p "$out/home"
     local cpus
     read -ra cpus <<<"$(pin 0 "$fresh_cores")"
@@ -91,12 +95,12 @@ timers_lane() {
 }
 
 if [ "${EVIDENCE_DRY_RUN:-0}" = 1 ]; then
-    sweep_lane
+    [ "$lanes" -ge 2 ] && sweep_lane
     fresh_lane
     [ "$lanes" = 3 ] && timers_lane
     exit 0
 fi
-sweep_lane &
+[ "$lanes" -ge 2 ] && sweep_lane &
 fresh_lane &
 [ "$lanes" = 3 ] && timers_lane &
 wait
