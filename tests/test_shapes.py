@@ -323,6 +323,11 @@ BAD_EDITS = [
         "limit or sweep variable); did you mean 'max_kv_tokens'?",
     ),
     (
+        "    at_most: {B * kv_len: max_kv_tokens}\n",
+        "    at_most: {B / 0: max_kv_tokens}\n",
+        "ops.attn_mqa.at_most.\"B / 0\": division by zero in 'B / 0' at B=1, kv_len=1024, tp=1",
+    ),
+    (
         "  max_kv_tokens: 33554432\n",
         "  max_kv_tokens: -1\n",
         "limits.max_kv_tokens: expected a positive number, got -1",

@@ -121,11 +121,7 @@ class Builder:
         # a build the run's device skips (architecture, GPU count, memory) is no build: the measuring
         # worker records those cases as skipped at once
         gated = warm.gated_here(device) if device is not None else (lambda _it: None)
-
-        def skipped(it: WorkItem) -> bool:
-            return bool(warm.skipped_by_case(it) or gated(it))
-
-        picked = warm.warm_items(self.items, per_shape or warm.builds_per_shape, skipped)
+        picked = warm.warm_items(self.items, per_shape or warm.builds_per_shape, warm.skipped_or_gated(gated))
         # the builds this box has done before for its GPU and stack are ready from the start
         self.memory = (
             memory if memory is not None else (BuildMemory.here() if opts.device == "cuda" else None)

@@ -77,9 +77,11 @@ class Pool:
         while (unit := self._take(own)) is not None:
             if self.admit is None:
                 return unit
-            kept = [it for it in unit if self.admit(it)]
+            kept: list[WorkItem] = []
             for it in unit:
-                if self.on_drop is not None and not any(it is k for k in kept):
+                if self.admit(it):
+                    kept.append(it)
+                elif self.on_drop is not None:
                     self.on_drop(it)
             if kept:
                 return kept

@@ -138,6 +138,11 @@ def gated_here(device: DeviceInfo) -> Callable[[WorkItem], str | None]:
     return reason
 
 
+def skipped_or_gated(gated: Callable[[WorkItem], str | None]) -> Callable[[WorkItem], bool]:
+    """warm_items' `skipped` for a device: the case's own rules (skipped_by_case) or its gate (gated_here)."""
+    return lambda it: bool(skipped_by_case(it) or gated(it))
+
+
 def warm_plan(
     items: Sequence[WorkItem],
     device: DeviceInfo | None,
@@ -149,7 +154,7 @@ def warm_plan(
     if device is None:
         return warm_items(items, per_shape)
     gated = gated_here(device)
-    picked = warm_items(items, per_shape, lambda it: bool(skipped_by_case(it) or gated(it)))
+    picked = warm_items(items, per_shape, skipped_or_gated(gated))
     said: set[tuple[str, str]] = set()
     out = []
     for it in picked:

@@ -3,7 +3,8 @@ have chosen it.
 
 Selections are compared by their scores, not their ids: a row passes when its selection scores, sorted,
 match the reference's (so swapping two equal-scored experts is not a failure); weights are compared as
-sorted vectors on the rows whose experts are the reference's (a near-tied expert brings its own weight). With groups, a near-tie between two groups may send a row to the other group's experts.
+sorted vectors on the rows whose experts are the reference's (a near-tied expert brings its own weight).
+With groups, a near-tie between two groups may send a row to the other group's experts.
 """
 
 from __future__ import annotations
