@@ -203,18 +203,24 @@ def test_plans_use_the_jobs_own_gpus_and_refuse_too_few(tmp_path):
     assert p.returncode == 2 and "usage: bash scripts/evidence/sweep.sh OUT" in p.stderr
 
 
-def test_timers_plan_runs_the_subset_batched_per_case_and_batched_again(tmp_path):
-    """The timers plan: three runs of one subset (the middle one --no-batch), each a valid dskbench
-    command line, on the job's first GPU."""
+def test_timers_plan_interleaves_the_two_timers_over_one_subset(tmp_path):
+    """The timers plan: per-case, batched, per-case, batched over one subset (the options given, or the
+    sgl_kernel backend at tp 1), each a valid dskbench command line on the job's first GPU; compare
+    takes two runs a side."""
     from dskbench.frontends.cli import build_parser
 
-    cmds, lines = _plan("timers.sh", tmp_path / "o", CUDA_VISIBLE_DEVICES="2,3")
-    runs = [c for c in cmds if c[:4] == ["python3", "-m", "dskbench", "run"]]
-    for c in runs:
-        build_parser().parse_args(c[3:])
-    assert [c[-1].rsplit("/", 1)[1] for c in runs] == ["batched-1.jsonl", "per-case.jsonl", "batched-2.jsonl"]
-    assert ["--no-batch" in c for c in runs] == [False, True, False]
-    assert all("[CUDA_VISIBLE_DEVICES=2]" in ln for ln in lines)
+    for extra, want in (([], ["--backend", "sgl_kernel", "--point", "tp=1"]), (["--quick"], ["--quick"])):
+        cmds, lines = _plan("timers.sh", tmp_path / "o", *extra, CUDA_VISIBLE_DEVICES="2,3")
+        runs = [c for c in cmds if c[:4] == ["python3", "-m", "dskbench", "run"]]
+        for c in runs:
+            build_parser().parse_args(c[3:])
+            assert c[4 : 4 + len(want)] == want
+        names = [c[-1].rsplit("/", 1)[1] for c in runs]
+        assert names == ["per-case-1.jsonl", "batched-1.jsonl", "per-case-2.jsonl", "batched-2.jsonl"]
+        assert ["--no-batch" in c for c in runs] == [True, False, True, False]
+        assert all("[CUDA_VISIBLE_DEVICES=2]" in ln for ln in lines)
+        summary = cmds[-1][2]
+        assert 'compare "$p1" "$p2" -- "$b1" "$b2"' in summary
 
 
 def test_speed_plan_runs_its_lanes_on_their_own_gpus_and_cores(tmp_path):
@@ -289,34 +295,59 @@ def test_shared_gpu_plan_refuses_then_runs_beside_then_waits(tmp_path):
     assert int(waited[waited.index("--wait-exclusive") + 1]) > 100  # outlasts the busy process
 
 
-def test_versions_plan_interleaves_the_two_releases(tmp_path):
-    """A, B, A, B: each step installs its release and runs the same dskbench command line (the options
-    given, or the quick sweep), into its own file; compare then takes two runs a side."""
+def test_versions_plan_installs_each_release_once_warms_it_then_interleaves_the_runs(tmp_path):
+    """Each release installed once into its own folder and warmed there; then A, B, A, B: each run with
+    its side's folder first on PYTHONPATH and its own FlashInfer JIT cache, checking the version before
+    it measures, the same dskbench command line (the options given, or the quick sweep), its own file;
+    compare then takes two runs a side."""
     from dskbench.frontends.cli import build_parser
 
     for extra, want in ((["--kernel", "rmsnorm"], ["--kernel", "rmsnorm"]), ([], ["--quick"])):
-        cmds, lines = _plan(
-            "versions.sh", tmp_path / "o", "lib==1.0", "./lib-2.0.whl", *extra, EVIDENCE_GPUS="1"
-        )
+        out = tmp_path / "o"
+        cmds, lines = _plan("versions.sh", out, "lib==1.0", "./lib-2.0.whl", *extra, EVIDENCE_GPUS="1")
         names = [ln.split()[1] for ln in lines]
-        assert names == ["probe", "A-1", "B-1", "A-2", "B-2", "summaries"]
-        runs = [c for c in cmds if c[0] == "env" and "exec python3 -m dskbench run " in c[4]]
-        assert [c[6] for c in runs] == ["lib==1.0", "./lib-2.0.whl", "lib==1.0", "./lib-2.0.whl"]
-        # each side its own FlashInfer JIT cache, the install through install_spec.sh
-        assert [c[1].rsplit("/", 1)[1] for c in runs] == [f"jit-{s}" for s in "ABAB"]
-        assert all(c[1].startswith("FLASHINFER_WORKSPACE_BASE=") for c in runs)
-        assert all(c[4].startswith("bash scripts/evidence/install_spec.sh ") for c in runs)
-        for c in runs:
-            args = c[7:]
-            build_parser().parse_args(["run", *args])
-            assert args[: len(want)] == want and args[-1].endswith(".jsonl")
+        assert names == ["probe", "install-A", "warm-A", "install-B", "warm-B", "A-1", "B-1", "A-2", "B-2", "summaries"]
+        by_name = dict(zip(names, cmds, strict=True))
+        for side, spec in (("A", "lib==1.0"), ("B", "./lib-2.0.whl")):
+            env = [f"PYTHONPATH={out}/site-{side}:", f"VERSIONS_PIP_TARGET={out}/site-{side}"]
+            env.append(f"FLASHINFER_WORKSPACE_BASE={out}/jit-{side}")
+            for name in (f"install-{side}", f"warm-{side}", f"{side}-1", f"{side}-2"):
+                cmd = by_name[name]
+                assert cmd[0] == "env" and cmd[1].startswith(env[0]) and cmd[2:4] == env[1:], (name, cmd)
+            assert by_name[f"install-{side}"][4:] == ["bash", "scripts/evidence/install_spec.sh", spec]
+            warm = by_name[f"warm-{side}"][4:]
+            assert warm[:4] == ["python3", "-m", "dskbench", "warm"] and warm[4:] == want
+            build_parser().parse_args(warm[3:])
+            for n in (1, 2):
+                run = by_name[f"{side}-{n}"][4:]
+                assert run[:2] == ["bash", "-c"] and run[2].startswith("bash scripts/evidence/install_spec.sh --check ")
+                assert "exec python3 -m dskbench run " in run[2] and run[4] == spec
+                args = run[5:]
+                build_parser().parse_args(["run", *args])
+                assert args[: len(want)] == want and args[-1] == f"{out}/{side}-{n}.jsonl"
         assert "compare" in cmds[-1][2] and " -- " in cmds[-1][2]
-        assert [a.rsplit("/", 1)[1] for a in cmds[-1][4:]] == [
-            "A-1.jsonl",
-            "A-2.jsonl",
-            "B-1.jsonl",
-            "B-2.jsonl",
-        ]
+        assert [a.rsplit("/", 1)[1] for a in cmds[-1][4:]] == ["A-1.jsonl", "A-2.jsonl", "B-1.jsonl", "B-2.jsonl"]
+
+
+def test_versions_plan_measures_nothing_until_both_sides_install(tmp_path):
+    """A side whose install fails (here: a folder with no wheel yet) stops the plan before any run, with
+    a line saying how to go on; its warm step does not run against whatever else python3 would import."""
+    empty = tmp_path / "wheels-not-yet"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = tmp_path / "o"
+    p = subprocess.run(
+        ["bash", str(EVIDENCE / "versions.sh"), str(out), str(empty), str(empty), "--kernel", "rmsnorm"],
+        cwd=ROOT,
+        env={**env, "EVIDENCE_GPUS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 1 and "a side is not installed" in p.stderr and "run the plan again" in p.stderr
+    started = [ln.split()[2] for ln in (out / "steps.log").read_text().splitlines() if " start " in ln]
+    assert started == ["probe", "install-A", "install-B"]
+    assert "no *.whl in" in (out / "install-A.log").read_text()
 
 
 def _wheel(folder: Path, version: str) -> Path:
@@ -344,7 +375,7 @@ def _wheel(folder: Path, version: str) -> Path:
     return path
 
 
-def _install(spec: str, tmp_path: Path, pythonpath: str, **env: str) -> subprocess.CompletedProcess:
+def _install(spec: str, tmp_path: Path, pythonpath: str, *flags: str, **env: str) -> subprocess.CompletedProcess:
     import sys
 
     bindir = tmp_path / "bin"
@@ -353,7 +384,7 @@ def _install(spec: str, tmp_path: Path, pythonpath: str, **env: str) -> subproce
         (bindir / "python3").symlink_to(sys.executable)  # the python3 the script runs: this one, with pip
     os_env = {k: v for k, v in os.environ.items() if not k.startswith(("VERSIONS_", "PIP_"))}
     env = {**os_env, "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONPATH": pythonpath, **env}
-    cmd = ["bash", str(EVIDENCE / "install_spec.sh"), spec]
+    cmd = ["bash", str(EVIDENCE / "install_spec.sh"), *flags, spec]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -375,6 +406,12 @@ def test_install_spec_installs_into_the_target_python_imports_from_and_checks_it
         assert f"demo-lib {want} in " in p.stdout
         assert [d.name for d in site.glob("*.dist-info")] == [f"demo_lib-{want}.dist-info"]
         assert (site / "demo_lib" / "__init__.py").read_text() == f"__version__ = {want!r}\n"
+    # --check: the version python3 finds, nothing installed
+    p = _install(str(w1), tmp_path, str(site), "--check", **env)
+    assert p.returncode == 0 and "demo-lib 1.0 in " in p.stdout
+    p = _install(str(w2), tmp_path, str(site), "--check", **env)
+    assert p.returncode == 1 and "python3 finds 1.0, not 2.0.post1" in p.stderr
+    assert [d.name for d in site.glob("*.dist-info")] == ["demo_lib-1.0.dist-info"]
     # the target is not on PYTHONPATH, where another copy is: python3 would import that one
     shadow = tmp_path / "shadow"
     assert _install(str(w2), tmp_path, str(site), VERSIONS_PIP_TARGET=str(shadow)).returncode == 1

@@ -2,6 +2,7 @@
 # Install one SPEC of versions.sh where the running python3 imports it from, and check that it does:
 #
 #   bash scripts/evidence/install_spec.sh SPEC
+#   bash scripts/evidence/install_spec.sh --check SPEC     only the check below, nothing installed
 #
 # SPEC: one or more pip arguments separated by spaces (NAME==VERSION, wheel files), or a folder: every
 # *.whl in it. Without VERSIONS_PIP_TARGET: `python3 -m pip install --no-deps --force-reinstall SPEC`
@@ -15,8 +16,13 @@
 # (importlib.metadata) and where its top-level modules import from, and fails (exit 1) unless that is the
 # version asked for, installed where the modules are found (and, with VERSIONS_PIP_TARGET, in that folder).
 set -uo pipefail
+check_only=0
+if [ "${1:-}" = --check ]; then
+    check_only=1
+    shift
+fi
 if [ $# -ne 1 ] || [ -z "$1" ]; then
-    echo "usage: bash scripts/evidence/install_spec.sh SPEC" >&2
+    echo "usage: bash scripts/evidence/install_spec.sh [--check] SPEC" >&2
     exit 2
 fi
 spec="$1"
@@ -49,7 +55,9 @@ for item in sys.argv[1:]:
 EOF
 )" || exit 2
 
-if [ -n "$target" ]; then
+if [ "$check_only" = 1 ]; then
+    :
+elif [ -n "$target" ]; then
     mkdir -p "$target" || exit 1
     while read -r name _; do
         [ -n "$name" ] || continue
