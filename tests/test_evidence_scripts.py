@@ -306,7 +306,18 @@ def test_versions_plan_installs_each_release_once_warms_it_then_interleaves_the_
         out = tmp_path / "o"
         cmds, lines = _plan("versions.sh", out, "lib==1.0", "./lib-2.0.whl", *extra, EVIDENCE_GPUS="1")
         names = [ln.split()[1] for ln in lines]
-        assert names == ["probe", "install-A", "warm-A", "install-B", "warm-B", "A-1", "B-1", "A-2", "B-2", "summaries"]
+        assert names == [
+            "probe",
+            "install-A",
+            "warm-A",
+            "install-B",
+            "warm-B",
+            "A-1",
+            "B-1",
+            "A-2",
+            "B-2",
+            "summaries",
+        ]
         by_name = dict(zip(names, cmds, strict=True))
         for side, spec in (("A", "lib==1.0"), ("B", "./lib-2.0.whl")):
             env = [f"PYTHONPATH={out}/site-{side}:", f"VERSIONS_PIP_TARGET={out}/site-{side}"]
@@ -320,13 +331,20 @@ def test_versions_plan_installs_each_release_once_warms_it_then_interleaves_the_
             build_parser().parse_args(warm[3:])
             for n in (1, 2):
                 run = by_name[f"{side}-{n}"][4:]
-                assert run[:2] == ["bash", "-c"] and run[2].startswith("bash scripts/evidence/install_spec.sh --check ")
+                assert run[:2] == ["bash", "-c"] and run[2].startswith(
+                    "bash scripts/evidence/install_spec.sh --check "
+                )
                 assert "exec python3 -m dskbench run " in run[2] and run[4] == spec
                 args = run[5:]
                 build_parser().parse_args(["run", *args])
                 assert args[: len(want)] == want and args[-1] == f"{out}/{side}-{n}.jsonl"
         assert "compare" in cmds[-1][2] and " -- " in cmds[-1][2]
-        assert [a.rsplit("/", 1)[1] for a in cmds[-1][4:]] == ["A-1.jsonl", "A-2.jsonl", "B-1.jsonl", "B-2.jsonl"]
+        assert [a.rsplit("/", 1)[1] for a in cmds[-1][4:]] == [
+            "A-1.jsonl",
+            "A-2.jsonl",
+            "B-1.jsonl",
+            "B-2.jsonl",
+        ]
 
 
 def test_versions_plan_measures_nothing_until_both_sides_install(tmp_path):
@@ -375,7 +393,9 @@ def _wheel(folder: Path, version: str) -> Path:
     return path
 
 
-def _install(spec: str, tmp_path: Path, pythonpath: str, *flags: str, **env: str) -> subprocess.CompletedProcess:
+def _install(
+    spec: str, tmp_path: Path, pythonpath: str, *flags: str, **env: str
+) -> subprocess.CompletedProcess:
     import sys
 
     bindir = tmp_path / "bin"
