@@ -389,3 +389,24 @@ def test_build_watch_excuses_a_case_across_the_gaps_of_one_build():
     watch.begin()  # the next case starts with nothing seen
     state["compiling"] = False
     assert not watch.excused(1.0, 0.5)
+    # a case whose module is known to build long gets a longer grace
+    state["compiling"] = True
+    watch.begin(grace=3 * BUILD_GRACE_S)
+    assert watch.excused(200.0, 2 * BUILD_GRACE_S) and watch.used
+    assert not watch.excused(201.0, 3 * BUILD_GRACE_S)
+
+
+def test_a_long_recorded_build_gets_a_grace_in_proportion():
+    """The grace past a case's limit is BUILD_GRACE_S, or BUILD_GRACE_FACTOR times the recorded build
+    seconds of its (kernel, backend) where longer: FlashInfer's CUTLASS fused MoE (recorded over 20
+    minutes) is not killed at the fixed grace; a broken estimate falls back to the fixed one."""
+    from dskbench.execution.items import WorkItem
+    from dskbench.execution.limits import BUILD_GRACE_FACTOR, BUILD_GRACE_S, CaseLimits
+
+    short = WorkItem(0, "rmsnorm", "flashinfer", {"case_id": "c"})
+    moe = WorkItem(1, "cutlass_fused_moe", "flashinfer.bf16", {"case_id": "c"})
+    limits = case_limits(SweepOptions(device="cpu"), DeviceInfo("cpu"))
+    assert limits.build_grace(short) == BUILD_GRACE_S
+    assert limits.build_grace(moe) >= BUILD_GRACE_FACTOR * 1200 > BUILD_GRACE_S
+    broken = CaseLimits(build_s=lambda it: 1 / 0)
+    assert broken.build_grace(moe) == BUILD_GRACE_S

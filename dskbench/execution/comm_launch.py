@@ -175,7 +175,7 @@ def run_child(
 ) -> tuple[int, str | None]:
     """Run one torchrun in a session of its own, its stderr passed through. Past `limit` seconds (None:
     no limit) it is stopped (stop_child); a JIT build in a rank (a compiler in the rank's process group)
-    does not count against the limit, up to process.BUILD_GRACE_S, as for the engine's workers. Returns
+    does not count against the limit, up to limits.BUILD_GRACE_S, as for the engine's workers. Returns
     its exit code and, when it failed, why in the engine's words (None when it succeeded)."""
     proc = subprocess.Popen(
         cmd, stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1, start_new_session=True

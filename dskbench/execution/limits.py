@@ -4,8 +4,8 @@ A case's limit is scaled from its expected time (cost.item_cost): FACTOR times i
 FLOOR_S. The first item of a (kernel, backend, variant) in a worker process gets a first-use
 allowance more (FIRST_USE_S by default: imports, Triton compilation and autotuning in the process,
 in-process JIT compilers such as CuTe DSL's, which start no child process to be seen). A JIT build that
-runs compilers (nvcc, ninja: child processes of the worker) does not count against any limit, up to
-process.BUILD_GRACE_S: a hung kernel starts no compiler. Starting a worker (imports, CUDA context)
+runs compilers (nvcc, ninja: child processes of the worker) does not count against any limit, up to a
+build grace past it (CaseLimits.build_grace): a hung kernel starts no compiler. Starting a worker (imports, CUDA context)
 has its own limit. `--case-timeout S` (or DSKBENCH_CASE_TIMEOUT_S) replaces the scaled limit by a
 flat one, S seconds for every case, first uses included, unless `--first-use-allowance S` is given
 too; 0 turns the watch off.
@@ -26,6 +26,8 @@ FLOOR_S = 60.0
 FACTOR = 10.0
 FIRST_USE_S = 120.0
 STARTUP_S = 300.0
+BUILD_GRACE_S = 900.0  # past its limit, a case may go on at least this long while its worker runs compilers
+BUILD_GRACE_FACTOR = 3.0  # ... and this many times its (kernel, backend)'s recorded build seconds
 
 
 class LimitError(ValueError):
@@ -57,6 +59,7 @@ class CaseLimits:
     flat_s: float | None = None
     startup_s: float = STARTUP_S
     first_use_s: float = FIRST_USE_S  # added to the first item of a (kernel, backend, variant)
+    build_s: Callable[[WorkItem], float] = lambda item: 0.0  # recorded build seconds of its (kernel, backend)
 
     @property
     def off(self) -> bool:
@@ -72,6 +75,17 @@ class CaseLimits:
         except Exception:  # noqa: BLE001 - an estimate: a broken one must not stop the sweep
             expected = 0.0
         return max(FLOOR_S, FACTOR * expected) + first
+
+    def build_grace(self, item: WorkItem) -> float:
+        """How long past its limit `item` may go on while its worker runs compilers: BUILD_GRACE_S, or
+        BUILD_GRACE_FACTOR times its (kernel, backend)'s recorded build seconds where that is longer.
+        FlashInfer's CUTLASS fused-MoE module alone compiles for over 20 minutes on a busy host: a fixed
+        grace would kill it every time, and the sweep would never measure it."""
+        try:
+            recorded = max(0.0, float(self.build_s(item)))
+        except Exception:  # noqa: BLE001 - an estimate: a broken one must not stop the sweep
+            recorded = 0.0
+        return max(BUILD_GRACE_S, BUILD_GRACE_FACTOR * recorded)
 
     def describe(self) -> str:
         if self.off:

@@ -28,10 +28,9 @@ from typing import Any
 
 from dskbench.device.procs import processes
 from dskbench.execution.items import WorkItem
-from dskbench.execution.limits import CASE_TIMED_OUT, CaseLimits
+from dskbench.execution.limits import BUILD_GRACE_S, CASE_TIMED_OUT, CaseLimits
 
 POLL_S = 0.2  # how often a waiting parent looks at the clock and the stop flag
-BUILD_GRACE_S = 900.0  # past its limit, a case may go on this long while its worker runs compilers
 BUILD_GAP_S = 30.0  # a build's compiler runs this far apart are one build (ninja steps, a lock handed over)
 BUILD_SCAN_S = 5.0  # how often a case's worker groups are looked at for compilers before its limit
 EXIT_POISONED = 3
@@ -91,16 +90,21 @@ class BuildWatch:
     """Whether a case past its limit is excused by a JIT build. A build is not one unbroken compiler run:
     between ninja's steps, or when one worker hands a build lock to the next, no compiler runs for a
     moment. So a case is excused while a compiler runs now or ran less than BUILD_GAP_S ago (looked for
-    every BUILD_SCAN_S before the limit, at every poll after it), for at most BUILD_GRACE_S past the limit.
+    every BUILD_SCAN_S before the limit, at every poll after it), for at most `grace` seconds past the
+    limit (the case's CaseLimits.build_grace).
     """
 
-    def __init__(self, compiling_now: Callable[[], bool]) -> None:
+    def __init__(self, compiling_now: Callable[[], bool], grace: float = BUILD_GRACE_S) -> None:
         self.compiling_now = compiling_now
+        self.grace = grace
         self.last_build: float | None = None
         self.last_scan: float | None = None
+        self.used = False  # whether the current case went past its limit on a build
 
-    def begin(self) -> None:
+    def begin(self, grace: float = BUILD_GRACE_S) -> None:
+        self.grace = grace
         self.last_build = self.last_scan = None
+        self.used = False
 
     def look(self, now: float) -> None:
         """Before the limit: note a build now and then."""
@@ -111,12 +115,15 @@ class BuildWatch:
 
     def excused(self, now: float, over: float) -> bool:
         """Past the limit by `over` seconds: may the case go on?"""
-        if over >= BUILD_GRACE_S:
+        if over >= self.grace:
             return False
         if self.compiling_now():
             self.last_build = now
+            self.used = True
             return True
-        return self.last_build is not None and now - self.last_build < BUILD_GAP_S
+        excused = self.last_build is not None and now - self.last_build < BUILD_GAP_S
+        self.used = self.used or excused
+        return excused
 
 
 _running: set[int] = set()  # process groups of this process's live workers (every slot of a run)
@@ -272,7 +279,7 @@ class WorkerProcess:
                 elif deadline is not None and st.timed_out is None:
                     if builds.excused(now, now - deadline):
                         continue  # a JIT build: its time is not the kernel's
-                    st.timed_out = self._timed_out(st, limit)
+                    st.timed_out = self._timed_out(st, limit, builds)
                     print(f"dskbench: {self.label}{st.timed_out}", file=sys.stderr, flush=True)
                     self.kill()
                 continue
@@ -285,7 +292,7 @@ class WorkerProcess:
                 key = (it.kernel, it.backend, it.case.get("variant"))
                 set_limit(self.limits.for_item(it, key not in first_use))
                 first_use.add(key)
-                builds.begin()
+                builds.begin(self.limits.build_grace(it))
             elif kind == "HELD":
                 st.held.add(int(payload))
                 st.current = None
@@ -312,12 +319,17 @@ class WorkerProcess:
             elif kind == "NEXT":
                 st.finished = True
 
-    def _timed_out(self, st: Progress, limit: float) -> str:
+    def _timed_out(self, st: Progress, limit: float, builds: BuildWatch) -> str:
         if st.current is None and st.timing:
             return f"timed out: a batch of {len(st.held)} cases gave no result within {limit:.0f} s; the worker was killed"
         if st.current is None:
             return f"timed out: the worker gave no sign of life within {limit:.0f} s and was killed"
-        return f"{CASE_TIMED_OUT} {limit:.0f} s ({self.limits.describe()}); the worker was killed"
+        built = (
+            f", and its JIT build went on {builds.grace:.0f} s past that (the build grace)"
+            if builds.used
+            else ""
+        )
+        return f"{CASE_TIMED_OUT} {limit:.0f} s ({self.limits.describe()}){built}; the worker was killed"
 
 
 def _pump(stream, lines: queue.Queue) -> None:

@@ -137,13 +137,18 @@ def recording(
 
 def case_limits(opts: SweepOptions, device: DeviceInfo) -> CaseLimits:
     """The hang limits of a run: --case-timeout / DSKBENCH_CASE_TIMEOUT_S, else scaled per case; a first
-    use's allowance as --first-use-allowance asks (limits.first_use_allowance)."""
+    use's allowance as --first-use-allowance asks (limits.first_use_allowance); a build's grace from the
+    build seconds shipped with dskbench (the longest builds)."""
+    from dskbench.execution.warm import packaged_build_times  # warm builds on this module
+
     flat = opts.case_timeout_s if opts.case_timeout_s is not None else timeout_from_env()
     budget = measure_settings(opts).max_time_s
+    builds = packaged_build_times()
     return CaseLimits(
         expected_s=lambda it: item_cost(it, device, budget),
         flat_s=flat,
         first_use_s=first_use_allowance(flat, opts.first_use_allowance_s),
+        build_s=lambda it: builds.get((it.kernel, it.backend), 0.0),
     )
 
 

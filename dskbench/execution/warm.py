@@ -386,6 +386,11 @@ def warm_pool(
     limits = case_limits(
         wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
     )
+    if build_s:  # the build times this warm-up orders by (--build-times) set the builds' grace too
+        shipped = limits.build_s
+        limits = dataclasses.replace(
+            limits, build_s=lambda it: build_s.get((it.kernel, it.backend)) or shipped(it)
+        )
     return Pool(
         slots,
         lambda _slot, item, fields: on_result(item, fields),
