@@ -443,3 +443,37 @@ def test_install_spec_installs_into_the_target_python_imports_from_and_checks_it
     (tmp_path / "empty").mkdir()
     p = _install(str(tmp_path / "empty"), tmp_path, str(site), **env)
     assert p.returncode == 2 and "no *.whl in" in p.stderr
+
+
+def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path):
+    """The timer probe's cases are cases of the shapes file (it would print 'no case' otherwise), and a
+    results file gives each its seed, so the probe times the sweep's own inputs."""
+    import importlib.util
+
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    spec = importlib.util.spec_from_file_location("timer_probe", EVIDENCE / "timer_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    shapes, registry = default_shapes(), load_registry()
+    ids = []
+    for kernel, op, phase, point, backend in probe.CASES:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        assert case is not None, why
+        ids.append(case.id)
+    path = tmp_path / "r.jsonl"
+    with ResultsWriter(path) as w:
+        w.write(
+            environment_record("r", created="2026-11-27T00:00:00+00:00", device={"name": "H200"}, versions={})
+        )
+        timing = {"median_us": 1.0, "samples_us": [1.0]}
+        for n, case_id in enumerate(ids):
+            w.write(
+                result_record(
+                    "r", "ok", kernel="k", case_id=case_id, backend={"name": "b"}, seed=100 + n, timing=timing
+                )
+            )
+    assert probe.seeds_from(path) == {case_id: 100 + n for n, case_id in enumerate(ids)}
+    assert probe.seeds_from(None) == {}

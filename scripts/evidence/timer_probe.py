@@ -1,0 +1,136 @@
+"""The two cold timers on a few cases in one process (GPU): where do they disagree, and is it the timer?
+
+    python3 scripts/evidence/timer_probe.py [--seeds-from RESULTS.jsonl[.gz]] > probe.log
+
+For each case: the per-case event timer (`dskbench.measure.measure`, 16 [flush, launch] pairs to a CUDA
+graph), the batched CUPTI timer with the case alone (a batch of one) and in a batch of all the cases, twice
+over; then the device activities CUPTI sees in three replays of one [flush, launch] graph (what the batched
+timer replays) and in one graph of four pairs (like the per-case timer's). `--seeds-from` takes each case's
+seed from a results file's records (the same inputs as that sweep); without it every case uses seed 7.
+Edit CASES to probe others (kernel, op[:variant], phase, point, backend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+CASES = [
+    ("flash_mla_with_kvcache", "attn_mqa", "decode", {"B": 1, "kv_len": 4096, "tp": 1}, "sgl_kernel"),
+    ("prepare_moe_input", "experts", "decode", {"T": 1, "tp": 1}, "sgl_kernel"),
+    ("moe_align_block_size", "experts", "prefill", {"T": 8192, "tp": 8}, "sgl_kernel"),
+    ("fused_add_rmsnorm", "input_layernorm", "decode", {"T": 1}, "sgl_kernel"),
+    ("rmsnorm", "input_layernorm", "decode", {"T": 64}, "sgl_kernel"),
+    ("int8_scaled_mm", "o_proj", "decode", {"T": 16, "tp": 1}, "sgl_kernel"),
+]
+
+
+def seeds_from(path: Path | None) -> dict[str, int]:
+    """case id -> the seed its record ran with."""
+    if path is None:
+        return {}
+    from dskbench.results.io import read_runs
+
+    seeds: dict[str, int] = {}
+    for run in read_runs([path]):
+        for r in run.results:
+            if isinstance(r.get("seed"), int):
+                seeds.setdefault(str(r.get("case_id")), r["seed"])
+    return seeds
+
+
+def show(m) -> str:
+    if isinstance(m, str):
+        return m
+    return f"{m.median_us:8.2f} raw {m.raw_median_us:8.2f}"
+
+
+def activities(graph, replays: int, flush_marker: str) -> list[str]:
+    """One line per device activity, its start measured from the end of the flush before it."""
+    from dskbench.measure import batch
+    from dskbench.measure.batch_spans import device_activities
+
+    lines, flush_end = [], None
+    for name, start, end in device_activities(
+        batch._profile(lambda: [graph.replay() for _ in range(replays)])
+    ):
+        if flush_marker in name:
+            flush_end = end
+            lines.append(f"   flush {(end - start) / 1e3:8.2f} us")
+        else:
+            at = (start - flush_end) / 1e3 if flush_end is not None else 0.0
+            lines.append(f"   {at:8.2f} +{(end - start) / 1e3:8.2f} us  {name[:90]}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds-from", type=Path, help="results file whose records give each case's seed")
+    args = ap.parse_args()
+
+    import torch
+
+    from dskbench import measure as core
+    from dskbench.device.info import DeviceInfo
+    from dskbench.execution.case import prepare_case
+    from dskbench.execution.fidelity import find_case
+    from dskbench.measure import batch
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    device = DeviceInfo.detect("cuda")
+    if device.kind != "cuda":
+        print("timer_probe.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    shapes, registry = default_shapes(), load_registry()
+    seeds = seeds_from(args.seeds_from)
+    gap = core.calibrate_launch_gap()
+    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    print(f"launch gap: per-case cold {gap.get('cold_us')} us, batched cold {gap.get('batch_cold_us')} us")
+    preps = []
+    for kernel, op, phase, point, backend in CASES:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        if case is None:
+            print(f"{kernel}: no case ({why})")
+            continue
+        seed = seeds.get(case.id, 7)
+        fields, prep = prepare_case(kernel, case, backend, device, seed=seed)
+        if prep is None:
+            print(f"{case.id}: {fields.get('status')}: {fields.get('reason')}")
+            continue
+        preps.append((case.id, prep))
+        print(f"{case.id} · {backend}: seed {seed}")
+    for n in (1, 2):
+        print(f"== pass {n}: per-case | batched alone | in a batch of {len(preps)}")
+        together = batch.measure_batch([[p.launch] for _, p in preps], device="cuda", settings=settings)
+        for (case_id, p), in_batch in zip(preps, together, strict=True):
+            per_case = core.measure(
+                [p.launch], device="cuda", mode="cold", capturable=True, settings=settings
+            )
+            alone = batch.measure_batch([[p.launch]], device="cuda", settings=settings)[0]
+            print(f"{case_id[:60]:60s} {show(per_case)} | {show(alone)} | {show(in_batch)}")
+    buf = batch.flush_buffer(0, 2 * torch.cuda.get_device_properties(0).L2_cache_size)
+
+    def flush() -> None:
+        buf.zero_()
+
+    for case_id, p in preps:
+        print(f"-- {case_id}: three replays of one [flush, launch] graph")
+        print("\n".join(activities(batch._capture(p.launch, flush), 3, batch.MARKER)))
+        print("   one graph of four [flush, launch] pairs")
+        four = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(four):
+            for _ in range(4):
+                flush()
+                p.launch()
+        four.replay()
+        torch.cuda.synchronize()
+        print("\n".join(activities(four, 1, batch.MARKER)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
