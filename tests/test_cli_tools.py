@@ -104,3 +104,47 @@ def test_pack_refuses_what_it_cannot_pack_and_leaves_no_file(tmp_path, capsys):
     assert not out.exists()
     assert main(["pack", str(broken), str(broken)]) == EXIT_USAGE
     assert "the packed file must not be the file it packs" in _one_line(capsys)
+
+
+def test_fidelity_judges_each_timer_against_cupti():
+    """Per timer (per-case cold, batched cold, hot): the delta to CUPTI's reading and whether it is within
+    3% from 5 us up, 0.3 us below; rows not ok, or missing a reading, are not counted; the table's last
+    line gives both counts."""
+    from dskbench.execution.fidelity import judge, table
+
+    rows = [
+        {
+            "kernel": "a",
+            "op": "o",
+            "backend": "b",
+            "status": "ok",
+            "case_id": "a/1",
+            "ours_cold_us": 2.2,
+            "batched_cold_us": 2.6,
+            "cupti_cold_us": 2.53,
+            "ours_hot_us": 100.0,
+            "cupti_hot_us": 104.0,
+        },
+        {
+            "kernel": "c",
+            "op": "o",
+            "backend": "b",
+            "status": "ok",
+            "case_id": "c/1",
+            "ours_cold_us": 50.0,
+            "cupti_cold_us": 50.5,
+            "ours_hot_us": 40.0,
+            "cupti_hot_us": 40.2,
+        },
+        {"kernel": "d", "op": "o", "backend": "b", "status": "skipped: needs sm100"},
+    ]
+    counts = judge(rows)
+    assert counts == {"cold": (1, 2), "batched": (1, 1), "hot": (1, 2)}
+    assert rows[0]["cold_within_target"] is False  # 0.33 us below CUPTI under 5 us
+    assert rows[0]["batched_within_target"] is True and "batched_delta_pct" not in rows[1]
+    assert rows[0]["hot_within_target"] is False  # 3.8% at 104 us
+    text = table(rows, counts)
+    assert text.splitlines()[-1] == (
+        "2 cases measured; 2/4 mode comparisons within target (3% >= 5 us, 0.3 us below); the batched cold timer: 1/1"
+    )
+    assert "skipped: needs sm100" in text
