@@ -16,6 +16,7 @@ from dskbench.report.model import (
     history,
     is_unmeasured,
     panels,
+    run_points,
     status_counts,
 )
 from dskbench.report.tables import (
@@ -71,9 +72,9 @@ def _machine(m: Machine, categories: Mapping[str, str] | None, threshold: float)
         out += [note, ""]
     out += _over_peak(m)
     if len(m.runs) > 1:
-        commits = [str((r.environment.get("git") or {}).get("commit") or "?")[:8] for r in m.runs]
+        labels = [label for _, label in run_points(m.runs)]
         out += [
-            f"Runs (oldest first): {' → '.join(commits)}; tables show the latest result of each case.",
+            f"Runs (oldest first): {' → '.join(labels)}; tables show the latest result of each case.",
             "",
         ]
     rows = [

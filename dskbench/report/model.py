@@ -240,16 +240,44 @@ def _split_fixed(op: str, variant: str | None, phases: list[str], recs: list[dic
     return out
 
 
+# The stack whose versions tell two runs of one commit apart: a run at another release of a kernel
+# library is another point of a kernel's history (scripts/evidence/versions.sh makes such runs).
+STACK = ("torch", "triton", "sglang-kernel", "flashinfer-python", "sglang", "apache-tvm-ffi", "cuda_runtime")
+
+
+def run_points(runs: list[Run]) -> list[tuple[str, str]]:
+    """Each run's point of a history, (key, label): its commit and its stack's versions. The label names
+    what differs between the points: the commit where commits differ (or nothing else does), and each
+    library whose version differs (`flashinfer-python 0.7.2.post1`)."""
+    keys = []
+    for run in runs:
+        git = run.environment.get("git") or {}
+        versions = run.environment.get("versions") or {}
+        keys.append(
+            (
+                str(git.get("commit") or "unknown"),
+                bool(git.get("dirty")),
+                tuple(versions.get(n) for n in STACK),
+            )
+        )
+    varying = [i for i in range(len(STACK)) if len({k[2][i] for k in keys}) > 1]
+    show_commit = len({k[0] for k in keys}) > 1 or not varying
+    out = []
+    for commit, dirty, stack in keys:
+        parts = [commit[:8] + ("+dirty" if dirty else "")] if show_commit else []
+        parts += [f"{STACK[i]} {stack[i] or '-'}" for i in varying]
+        out.append(("|".join([commit, *map(str, stack)]), " · ".join(parts)))
+    return out
+
+
 def history(machine: Machine, kernel: str) -> History | None:
-    """Per-commit medians of the kernel's cases, when at least two commits measured the same one."""
+    """Per-point medians of the kernel's cases (a point: a commit and its stack's versions, run_points),
+    when at least two points measured the same case."""
     commits: list[tuple[str, str, str]] = []
     per_commit: dict[str, dict[tuple[str, str], list[Stat]]] = {}
     twins: set[tuple[str, str]] = set()
-    for run in machine.runs:
-        git = run.environment.get("git") or {}
-        commit = str(git.get("commit") or "unknown")
+    for run, (commit, label) in zip(machine.runs, run_points(machine.runs), strict=True):
         if commit not in per_commit:
-            label = commit[:8] + ("+dirty" if git.get("dirty") else "")
             commits.append((commit, label, str(run.environment.get("created", ""))))
             per_commit[commit] = {}
         for rec in run.results:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dskbench.frontends.cli import (
+    asv_history,
     comm,
     compare,
     fidelity,
@@ -39,6 +40,7 @@ COMMANDS = {
     "run-to-run": run_to_run,
     "noise-prior": noise_prior,
     "pack": pack,
+    "asv-history": asv_history,
     "comm": comm,
     "insitu": insitu,
     "fidelity": fidelity,
