@@ -126,9 +126,9 @@ def test_machines_are_never_mixed(report):
 def test_history_and_regression_dashboard(report):
     page, md = report
     rms = kernel_section(page, "nvidia-h200--rmsnorm")
-    assert "History across 2 commits" in rms
+    assert "History across 2 points (aaaaaaa1 → bbbbbbb1)" in rms
     assert "14 regressions vs aaaaaaa1" in rms
-    hist = chart_titled(rms, "latency per commit, relative to the first commit measured")
+    hist = chart_titled(rms, "latency per point (commit or release), relative to the first point measured")
     assert [t.text for t in hist.iter(f"{SVG_NS}text") if t.get("class") == "xt"] == ["aaaaaaa1", "bbbbbbb1"]
     assert "History" not in kernel_section(page, "nvidia-b200--rmsnorm")  # one commit only
     dash = page[page.index("Changes on NVIDIA H200") :]

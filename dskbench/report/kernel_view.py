@@ -318,7 +318,7 @@ def history_view(h: History, colors: dict[str, str], threshold: float) -> Histor
         thick.append(svg.Series(f"{backend} (geometric mean)", colors.get(backend, "#333"), pts, 2.6))
     chart = svg.line_chart(
         thin + thick,
-        "latency per commit, relative to the first commit measured",
+        "latency per point (commit or release), relative to the first point measured",
         svg.Axis("commit (oldest → newest)", labels=labels),
         svg.Axis("× latency at first commit"),
         width=640,

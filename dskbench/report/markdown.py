@@ -278,7 +278,7 @@ def _history(h: History, threshold: float) -> list[str]:
             row.append(f"×{math.exp(sum(math.log(v) for v in vals) / len(vals)):.3f}" if vals else "–")
         rows.append(row)
     out = [
-        f"History (geometric mean of latency relative to each series' first commit, {len(h.values)} series):",
+        f"History (geometric mean of latency relative to each series' first point, {len(h.values)} series):",
         "",
     ]
     out += table(["backend", *labels], rows, set(range(1, len(labels) + 1)))
