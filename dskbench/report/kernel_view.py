@@ -319,8 +319,8 @@ def history_view(h: History, colors: dict[str, str], threshold: float) -> Histor
     chart = svg.line_chart(
         thin + thick,
         "latency per point (commit or release), relative to the first point measured",
-        svg.Axis("commit (oldest → newest)", labels=labels),
-        svg.Axis("× latency at first commit"),
+        svg.Axis("point (oldest → newest)", labels=labels),
+        svg.Axis("× latency at the first point"),
         width=640,
         height=300,
         y_zero=False,
