@@ -63,7 +63,7 @@ def test_a_missing_log_is_one_line_and_changes_nothing(tmp_path, capsys):
 
 
 def test_the_packaged_file_names_only_real_builds():
-    from dskbench.execution.warm import packaged_build_times
+    from dskbench.execution.build_times import packaged_build_times
 
     times = packaged_build_times()
     assert times and all(" " not in k and ":" not in b for k, b in times)

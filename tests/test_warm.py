@@ -16,6 +16,7 @@ import tests.fake_shard_adapters  # noqa: E402,F401
 from dskbench.device.info import DeviceInfo  # noqa: E402
 from dskbench.execution import warm  # noqa: E402
 from dskbench.execution.build_memory import BuildMemory  # noqa: E402
+from dskbench.execution.build_times import WarmError, read_build_times  # noqa: E402
 from dskbench.execution.runner import SweepOptions, WorkItem, execute_item, plan_sweep  # noqa: E402
 from dskbench.frontends import cli  # noqa: E402
 from dskbench.shapes.cases import default_shapes  # noqa: E402
@@ -117,13 +118,13 @@ def test_the_longest_builds_of_an_earlier_warm_start_first(tmp_path):
             }
         )
     )
-    build_s = warm.read_build_times(tmp_path / "w.json")
+    build_s = read_build_times(tmp_path / "w.json")
     assert build_s == {("marlin", "a"): 420.0, ("short", "a"): 900.0}
     assert [g[0].kernel for g in warm.longest_first(groups, build_s)] == ["short", "marlin", "new"]
     (tmp_path / "bad.json").write_text("[]")
     try:
-        warm.read_build_times(tmp_path / "bad.json")
-    except warm.WarmError as e:
+        read_build_times(tmp_path / "bad.json")
+    except WarmError as e:
         assert str(e).startswith(f"{tmp_path / 'bad.json'}: not a `dskbench warm --out` file")
     else:
         raise AssertionError("a file without results was read")

@@ -37,6 +37,7 @@ from typing import Any
 from dskbench.adapters.backends import UNAVAILABLE
 from dskbench.device.info import DeviceInfo
 from dskbench.execution.build_memory import BuildMemory
+from dskbench.execution.build_times import packaged_build_times
 from dskbench.execution.gpu_lock import LOCK_ENV
 from dskbench.execution.items import SweepOptions, WorkItem
 
@@ -140,7 +141,7 @@ class Builder:
         # one core for the measuring worker, half the rest for builds (warm.default_jobs)
         self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
         self.jobs = max(1, min(self.jobs, len(warm.build_units(self.picked))))
-        self.build_s = build_s if build_s is not None else warm.packaged_build_times()
+        self.build_s = build_s if build_s is not None else packaged_build_times()
         self.folder = Path(tempfile.mkdtemp(prefix="dskbench-builds-"))
         self.ready_path = self.folder / "ready"
         self.ready_path.write_text("".join(f"{k}\n" for k in sorted(known)), encoding="utf-8")

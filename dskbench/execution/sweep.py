@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.device.info import DeviceInfo
+from dskbench.execution.build_times import packaged_build_times
 from dskbench.execution.case import measure_settings, run_one
 from dskbench.execution.cost import item_cost
 from dskbench.execution.items import SweepOptions, WorkItem
@@ -139,8 +140,6 @@ def case_limits(opts: SweepOptions, device: DeviceInfo) -> CaseLimits:
     """The hang limits of a run: --case-timeout / DSKBENCH_CASE_TIMEOUT_S, else scaled per case; a first
     use's allowance as --first-use-allowance asks (limits.first_use_allowance); a build's grace from the
     build seconds shipped with dskbench (the longest builds)."""
-    from dskbench.execution.warm import packaged_build_times  # warm builds on this module
-
     flat = opts.case_timeout_s if opts.case_timeout_s is not None else timeout_from_env()
     budget = measure_settings(opts).max_time_s
     builds = packaged_build_times()

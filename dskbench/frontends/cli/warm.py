@@ -140,7 +140,7 @@ def _warm(args: argparse.Namespace) -> int:
         config = swept_tp(config, shapes)
         options = config.options
     items, _skips = plan(config, registry, shapes)
-    from dskbench.execution.warm import WarmError, packaged_build_times, read_build_times
+    from dskbench.execution.build_times import WarmError, packaged_build_times, read_build_times
 
     try:
         build_s = read_build_times(args.build_times) if args.build_times else packaged_build_times()
