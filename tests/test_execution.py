@@ -398,7 +398,7 @@ def test_build_watch_excuses_a_case_across_the_gaps_of_one_build():
 
 def test_a_long_recorded_build_gets_a_grace_in_proportion():
     """The grace past a case's limit is BUILD_GRACE_S, or BUILD_GRACE_FACTOR times the recorded build
-    seconds of its (kernel, backend) where longer: FlashInfer's CUTLASS fused MoE (recorded over 20
+    seconds of its (kernel, backend) where longer: FlashInfer's CUTLASS fused MoE (shipped as at least 23
     minutes) is not killed at the fixed grace; a broken estimate falls back to the fixed one."""
     from dskbench.execution.items import WorkItem
     from dskbench.execution.limits import BUILD_GRACE_FACTOR, BUILD_GRACE_S, CaseLimits

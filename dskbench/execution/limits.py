@@ -79,7 +79,7 @@ class CaseLimits:
     def build_grace(self, item: WorkItem) -> float:
         """How long past its limit `item` may go on while its worker runs compilers: BUILD_GRACE_S, or
         BUILD_GRACE_FACTOR times its (kernel, backend)'s recorded build seconds where that is longer.
-        FlashInfer's CUTLASS fused-MoE module alone compiles for over 20 minutes on a busy host: a fixed
+        FlashInfer's CUTLASS fused-MoE module alone compiled for more than 18 minutes on a busy host: a fixed
         grace would kill it every time, and the sweep would never measure it."""
         try:
             recorded = max(0.0, float(self.build_s(item)))
