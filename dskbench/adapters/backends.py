@@ -3,7 +3,8 @@
 A target is ``"package.module:attr.sub"`` or ``"torch.ops.<ns>.<op>.<overload>"`` (the latter imports the
 modules in ``preload`` first, so the library registers its ops). Nothing is imported until a backend is
 resolved, so listing and gating work on any machine. Packages move kernels between releases; a backend
-may list ``fallbacks`` that are tried in order, and the target that really resolved is recorded.
+may list ``fallbacks`` that are tried in order, modules a later release moved are tried at their new
+place (adapters/moved.py), and the target that really resolved is recorded.
 """
 
 from __future__ import annotations
@@ -182,12 +183,22 @@ def import_target(target: str, preload: tuple[str, ...] = ()) -> Any:
         raise Unavailable(f"{target}: {type(e).__name__}: {e}") from None
 
 
+def candidates(backend: Backend) -> list[str]:
+    """The targets resolve tries, in order: the target, its fallbacks, then each of them at the place a
+    later release moved its module to (adapters/moved.py)."""
+    from dskbench.adapters.moved import moved
+
+    named = [t for t in (backend.target, *backend.fallbacks) if t]
+    later = [m for t in named if (m := moved(t)) is not None and m not in named]
+    return named + list(dict.fromkeys(later))
+
+
 def resolve(backend: Backend) -> Resolved:
     """Find the backend's callable: its target, else each fallback; say what was tried if none exists."""
     if backend.target is None:
         return Resolved(None, "reference", backend.package, package_version(backend.package))
     tried: list[str] = []
-    for target in (backend.target, *backend.fallbacks):
+    for target in candidates(backend):
         try:
             fn = import_target(target, backend.preload)
         except Unavailable as e:
