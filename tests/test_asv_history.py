@@ -115,3 +115,20 @@ def test_bad_input_is_one_line_and_leaves_other_folders_alone(runs, tmp_path, ca
     assert main(["asv-history", str(runs), "--by", "flashinfer-python", "--out", str(mine)]) == 2
     assert "a folder with other files in it" in capsys.readouterr().err
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_without_asv_it_says_so_in_one_line(runs, tmp_path, capsys, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_asv(name, *args, **kwargs):
+        if name == "asv" or name.startswith("asv."):
+            raise ImportError("no asv")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_asv)
+    out = tmp_path / "hist"
+    assert main(["asv-history", str(runs), "--by", "flashinfer-python", "--out", str(out)]) == 2
+    assert "asv is not installed (pip install asv==0.6.6)" in capsys.readouterr().err
+    assert not out.exists()

@@ -177,9 +177,14 @@ def _tag(name: str) -> str:
 
 def write_history(runs: Sequence[Any], key: str, out: Path) -> list[tuple[Point, str]]:
     """The history folder (see the module's docstring); returns each point with its commit."""
-    from asv import util
-    from asv.results import Results
-    from asv.runner import BenchmarkResult
+    try:
+        from asv import util
+        from asv.results import Results
+        from asv.runner import BenchmarkResult
+    except ImportError:
+        raise HistoryError(
+            "asv is not installed (pip install asv==0.6.6): its results format is written through it"
+        ) from None
 
     pts = points(runs, key)
     _prepare(out)
