@@ -102,3 +102,13 @@ def test_product_text_cites_nothing_it_does_not_ship():
 def test_committed_results_hold_no_path_of_the_gathering_machine():
     found = offending_results(tracked(("results/",)), GATHERING_PATHS)
     assert not found, "results files with a path of the machine that gathered them:\n" + "\n".join(found)
+
+
+def test_a_run_records_its_command_as_a_user_would_type_it():
+    """`python -m dskbench` and the console script are recorded as `dskbench`: the results file holds no
+    path of the machine that ran it; any other program is left as it is."""
+    from dskbench.results.environment import command_line
+
+    assert command_line(["/opt/x/dskbench/__main__.py", "run", "--quick"]) == ["dskbench", "run", "--quick"]
+    assert command_line(["/usr/local/bin/dskbench", "report", "a.jsonl"]) == ["dskbench", "report", "a.jsonl"]
+    assert command_line(["/opt/x/asv", "run"]) == ["/opt/x/asv", "run"]

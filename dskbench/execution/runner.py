@@ -7,7 +7,6 @@ item: it is recorded as ``error`` with what happened, and a fresh worker takes t
 from __future__ import annotations
 
 import difflib
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +163,7 @@ def run_sweep(
         return run_sharded(items, skips, opts, out, progress)
     import dataclasses
 
-    from dskbench.results.environment import environment, multicast_env, new_run_id, run_peaks
+    from dskbench.results.environment import command_line, environment, multicast_env, new_run_id, run_peaks
 
     device = DeviceInfo.detect(opts.device)
     sharing = start_check(1, device.kind) if items else None  # before the ceilings, which it would skew
@@ -193,7 +192,7 @@ def run_sweep(
             "copied_items": sum(len(c) for c in copies.values()),  # records copying a twin's
             "case_timeout": limits.describe() if opts.isolate else "off (in-process run)",
         },
-        "command": sys.argv,
+        "command": command_line(),
     }
     workers_env = multicast_env(True) if opts.no_multicast else None  # None: this process's own
     plan = {**worker_plan(opts, run_seed, ceilings), **(builder.plan_extra() if builder else {})}

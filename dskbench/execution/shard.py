@@ -51,7 +51,12 @@ from dskbench.execution.pool import Slot
 from dskbench.execution.shared_gpu import start_check
 from dskbench.execution.sweep import SweepSummary, case_limits, execute, worker_plan
 from dskbench.execution.twins import measure_once
-from dskbench.results.environment import NO_MULTICAST_ENV, multicast_env, worker_env  # noqa: F401 (re-exported)
+from dskbench.results.environment import (  # noqa: F401 (re-exported)
+    NO_MULTICAST_ENV,
+    command_line,
+    multicast_env,
+    worker_env,
+)
 
 PROBE_PREFIX = "PROBE "
 PROBE_TIMEOUT_S = 600.0  # identity + ceilings + launch-gap calibration of one GPU
@@ -310,7 +315,7 @@ def run_sharded(
         "shard_estimate_s": loads,
         "case_timeout": limits.describe(),
     }
-    env["command"] = sys.argv
+    env["command"] = command_line()
     extra = builder.plan_extra() if builder else {}
     slots = [
         Slot(

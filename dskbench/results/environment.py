@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -167,3 +168,12 @@ def environment(device: DeviceInfo, no_multicast: bool = False) -> dict[str, Any
         "git": git_state(),
         "multicast": multicast_block(no_multicast),
     }
+
+
+def command_line(argv: list[str] | None = None) -> list[str]:
+    """The command as a user would type it again: the program named `dskbench` (python -m dskbench, the
+    console script), so that a results file holds no path of the machine that wrote it."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and os.path.basename(argv[0]) in ("dskbench", "__main__.py"):
+        argv[0] = "dskbench"
+    return argv
