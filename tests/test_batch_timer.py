@@ -405,3 +405,12 @@ def test_a_kernel_of_one_microsecond_stops_once_its_interval_is_one_clock_step(d
         st = c.stopper
         assert st.converged and st.resolution_us == pytest.approx((32 + 6) / 1000)
         assert len(st.samples) < 2 * batch.MAX_MIN_SAMPLES  # not the thousands a 1% interval needs here
+
+
+def test_a_batched_case_notes_its_batch_and_place():
+    """Cases sampled together carry the same batch number, each its own place, so a record's neighbours
+    in the replays can be found again."""
+    from dskbench.measure.batch import batch_note
+
+    assert batch_note(3, 0, 38) == "sampled in a batch of 38 cases (batch 3 of this worker, case 1)"
+    assert batch_note(3, 37, 38).endswith("(batch 3 of this worker, case 38)")

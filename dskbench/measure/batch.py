@@ -17,6 +17,7 @@ whose graph cannot be captured, and every case when CUPTI is missing, is timed b
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -207,6 +208,7 @@ def measure_batch(
     Returns, per entry, its Measurement or a one-line reason it was not timed here (its graph could
     not be captured): the caller times those with the per-case timer."""
     t_start = time.perf_counter()
+    batch_no = next(_BATCHES)
     dev = torch.device(device)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     out: list[Measurement | str] = ["not timed"] * len(entries)
@@ -275,7 +277,7 @@ def measure_batch(
             clocks_during=during,
             throttled=throttled,
             throttle_reasons=reasons,
-            notes=[*notes, f"sampled in a batch of {len(cases)} cases", *_early_note(c)],
+            notes=[*notes, batch_note(batch_no, i, len(cases)), *_early_note(c)],
             launch_gap_us=gap,
             raw_samples=c.raw[: len(c.stopper.samples)],
             stage_s=shares,
@@ -313,6 +315,15 @@ def cross_checks(
             settings.cooldown * sum(2 * len(s) * c.est_us for (_, c), s in zip(mine, got, strict=True)) * 1e-6
         )
     return {i: s for (i, _), s in zip(mine, got, strict=True)}
+
+
+_BATCHES = itertools.count(1)  # this process's batches, numbered for the notes
+
+
+def batch_note(batch_no: int, index: int, size: int) -> str:
+    """Which batch of its worker a case was sampled in, and where: its neighbours in the replays are the
+    cases noted with the same batch number (what ran before a case is one thing that can move it)."""
+    return f"sampled in a batch of {size} cases (batch {batch_no} of this worker, case {index + 1})"
 
 
 def _early_note(c: BatchCase) -> list[str]:
