@@ -132,3 +132,17 @@ def test_without_asv_it_says_so_in_one_line(runs, tmp_path, capsys, monkeypatch)
     assert main(["asv-history", str(runs), "--by", "flashinfer-python", "--out", str(out)]) == 2
     assert "asv is not installed (pip install asv==0.6.6)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_points_order_by_version_else_by_first_run():
+    """0.10 comes after 0.9 (not as text); names that are no versions keep the order of their first run."""
+    from dskbench.frontends.asv.history import Point, by_version
+
+    def pt(name: str, created: str) -> Point:
+        class R:
+            environment = {"created": created}
+
+        return Point(name, [R()])
+
+    assert [p.name for p in by_version([pt("0.10.0", "1"), pt("0.9.1", "2")])] == ["0.9.1", "0.10.0"]
+    assert [p.name for p in by_version([pt("main-b", "1"), pt("main-a", "2")])] == ["main-b", "main-a"]

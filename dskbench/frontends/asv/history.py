@@ -57,7 +57,7 @@ def class_name(kernel: str) -> str:
 
 
 def points(runs: Sequence[Any], key: str) -> list[Point]:
-    """The runs grouped by `versions[key]`, ordered by version (first run where a name is no version)."""
+    """The runs grouped by `versions[key]`, oldest version first (by_version)."""
     by: dict[str, Point] = {}
     for run in runs:
         value = (run.environment.get("versions") or {}).get(key)
@@ -67,17 +67,20 @@ def points(runs: Sequence[Any], key: str) -> list[Point]:
         by.setdefault(str(value), Point(str(value))).runs.append(run)
     if len(by) < 1:
         raise HistoryError("no runs in the files given")
-    out = sorted(by.values(), key=lambda p: p.created)
+    return by_version(sorted(by.values(), key=lambda p: p.created))
+
+
+def by_version(pts: list[Point]) -> list[Point]:
+    """The points ordered by version where every name parses as one (packaging's rules, which asv's
+    install brings); as given (by first run) otherwise."""
     try:
         from packaging.version import InvalidVersion, Version
-
-        try:
-            out = sorted(out, key=lambda p: Version(p.name))
-        except InvalidVersion:
-            pass
-    except ImportError:  # packaging absent: by first run
-        pass
-    return out
+    except ImportError:
+        return pts
+    try:
+        return sorted(pts, key=lambda p: Version(p.name))
+    except InvalidVersion:
+        return pts
 
 
 def latencies(point: Point) -> dict[str, dict[str, list[float]]]:
