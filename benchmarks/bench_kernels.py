@@ -21,13 +21,11 @@ Per kernel class:
 from __future__ import annotations
 
 import hashlib
-import keyword
 import linecache
-import re
 from pathlib import Path
 from typing import Any
 
-from dskbench.frontends.asv.benchmarks import SUITE_VERSION, asv_jsonl_dir, setup_cache_timeout
+from dskbench.frontends.asv.benchmarks import SUITE_VERSION, asv_jsonl_dir, class_name, setup_cache_timeout
 from dskbench.frontends.suite.config import config_from_env, label
 from dskbench.frontends.suite.measure import measure_kernel
 from dskbench.frontends.suite.plan_cache import load_plan
@@ -43,11 +41,6 @@ except ImportError:  # imported outside asv (tests, tooling)
 _CHECKOUT = Path(__file__).resolve().parent.parent
 _PLAN = load_plan(config_from_env())
 _CONFIG = _PLAN.config  # as planned: the default tp cut to the profile's degrees, as `dskbench run` does
-# Attribute names asv reads from the benchmark's class *and module*; a kernel must not shadow them.
-_ASV_ATTRS = frozenset(
-    "setup teardown setup_cache params param_names timeout version unit number repeat rounds "
-    "sample_time warmup_time min_run_count timer pretty_name benchmark_name skip_params".split()
-)
 
 
 class _KernelBenchmark:
@@ -100,14 +93,8 @@ def _progress(item: Any, status: str, fields: dict[str, Any]) -> None:
 
 
 def _class_name(kernel: str, taken: set[str]) -> str:
-    name = re.sub(r"\W", "_", kernel).strip("_") or "kernel"
-    if name[0].isdigit() or keyword.iskeyword(name) or name.lower() in _ASV_ATTRS or name in globals():
-        name = f"k_{name}"
-    base, n = name, 2
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    taken.add(name)
-    return name
+    """The kernel's class name (frontends/asv/benchmarks.class_name), clear of this module's own names."""
+    return class_name(kernel, taken, globals().keys())
 
 
 def _setup_caches(kernels: list[str]) -> dict[str, Any]:

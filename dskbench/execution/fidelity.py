@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dskbench.measure import stats
+
 # kernel, op[:variant], phase, point, backend — chosen to span ~1 µs to ~1 ms
 DEFAULT_CASES = [
     ("rmsnorm", "input_layernorm", "decode", {"T": 1}, "sgl_kernel"),
@@ -141,11 +143,6 @@ TIMERS = (
 )
 
 
-def within_target(ours: float, ref: float) -> bool:
-    """3% of CUPTI's reading from 5 us up, 0.3 us below."""
-    return abs(ours - ref) <= (0.03 * ref if ref >= 5 else 0.3)
-
-
 def judge(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
     """Each ok row's delta to CUPTI per timer (`<timer>_delta_us`, `_delta_pct`, `_within_target`);
     returns, per timer, (comparisons within target, comparisons made)."""
@@ -159,7 +156,7 @@ def judge(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
                 continue
             r[f"{name}_delta_us"] = ours - ref
             r[f"{name}_delta_pct"] = 100 * (ours - ref) / ref
-            r[f"{name}_within_target"] = within_target(ours, ref)
+            r[f"{name}_within_target"] = stats.within_target(ours, ref)
             within, made = counts[name]
             counts[name] = (within + r[f"{name}_within_target"], made + 1)
     return counts

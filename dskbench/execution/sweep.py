@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,18 +136,20 @@ def recording(
             record.close()
 
 
-def case_limits(opts: SweepOptions, device: DeviceInfo) -> CaseLimits:
+def case_limits(
+    opts: SweepOptions, device: DeviceInfo, build_s: Mapping[tuple[str, str], float] | None = None
+) -> CaseLimits:
     """The hang limits of a run: --case-timeout / DSKBENCH_CASE_TIMEOUT_S, else scaled per case; a first
-    use's allowance as --first-use-allowance asks (limits.first_use_allowance); a build's grace from the
-    build seconds shipped with dskbench (the longest builds)."""
+    use's allowance as --first-use-allowance asks (limits.first_use_allowance); a build's grace from
+    `build_s` (a warm-up's --build-times) where it names the build, else the seconds shipped with dskbench."""
     flat = opts.case_timeout_s if opts.case_timeout_s is not None else timeout_from_env()
     budget = measure_settings(opts).max_time_s
-    builds = packaged_build_times()
+    shipped, given = packaged_build_times(), build_s or {}
     return CaseLimits(
         expected_s=lambda it: item_cost(it, device, budget),
         flat_s=flat,
         first_use_s=first_use_allowance(flat, opts.first_use_allowance_s),
-        build_s=lambda it: builds.get((it.kernel, it.backend), 0.0),
+        build_s=lambda it: given.get((it.kernel, it.backend)) or shipped.get((it.kernel, it.backend), 0.0),
     )
 
 

@@ -348,14 +348,8 @@ def warm_pool(
 
     slots = [Slot(f"build {j}", plan, env=env(j)) for j in range(jobs)]
     units = packed(build_units(picked), build_s or {})
-    limits = case_limits(
-        wopts, DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
-    )
-    if build_s:  # the build times this warm-up orders by (--build-times) set the builds' grace too
-        shipped = limits.build_s
-        limits = dataclasses.replace(
-            limits, build_s=lambda it: build_s.get((it.kernel, it.backend)) or shipped(it)
-        )
+    device = DeviceInfo(opts.device) if opts.device == "cpu" else DeviceInfo.detect("cuda")
+    limits = case_limits(wopts, device, build_s)  # the build times it orders by set the builds' grace too
     return Pool(
         slots,
         lambda _slot, item, fields: on_result(item, fields),

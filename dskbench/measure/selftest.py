@@ -40,10 +40,7 @@ from dskbench.measure.calibrate import (
     span_summary,
 )
 from dskbench.measure.cuda import flush_buffer, l2_bytes
-
-
-def within_target(measured: float, ref: float) -> bool:
-    return abs(measured - ref) <= (0.03 * ref if ref >= 5.0 else 0.3)
+from dskbench.measure.stats import within_target
 
 
 def make_ops(dev: torch.device) -> dict[str, tuple[list[Callable[[], Any]], str, int]]:

@@ -100,3 +100,9 @@ def summarize(samples: Sequence[float]) -> Summary:
         noise=relative_noise(xs),
         n=n,
     )
+
+
+def within_target(measured: float, ref: float) -> bool:
+    """Our timer's reading against a profiler's: within 3% of it from 5 us up, within 0.3 us below (the
+    fidelity target of `dskbench selftest` and `dskbench fidelity`)."""
+    return abs(measured - ref) <= (0.03 * ref if ref >= 5.0 else 0.3)

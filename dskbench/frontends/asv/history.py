@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dskbench.frontends.asv.benchmarks import class_name
 from dskbench.frontends.asv.machine import machine_name
 
 MARKER = ".dskbench-asv-history"  # names a folder this module wrote (and may write again)
@@ -48,12 +49,6 @@ class Point:
     @property
     def created(self) -> str:
         return min(str(r.environment.get("created", "")) for r in self.runs)
-
-
-def class_name(kernel: str) -> str:
-    """The asv suite's class name for a kernel (benchmarks/bench_kernels.py: non-word characters to '_')."""
-    name = re.sub(r"\W", "_", kernel).strip("_") or "kernel"
-    return f"k_{name}" if name[0].isdigit() else name
 
 
 def points(runs: Sequence[Any], key: str) -> list[Point]:
@@ -106,8 +101,9 @@ def benchmarks(per_point: Sequence[dict[str, dict[str, list[float]]]]) -> dict[s
         for kernel, cases in lat.items():
             params.setdefault(kernel, set()).update(cases)
     out = {}
+    taken: set[str] = set()
     for kernel in sorted(params):
-        name = f"bench_kernels.{class_name(kernel)}.track_latency"
+        name = f"bench_kernels.{class_name(kernel, taken)}.track_latency"
         out[name] = {
             "name": name,
             "kernel": kernel,
