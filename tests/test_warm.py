@@ -58,6 +58,9 @@ def test_a_jit_that_compiles_per_shape_says_so_and_is_warmed_per_shape():
     assert warm.builds_per_shape("fp8_blockwise_scaled_mm", "sglang_triton") is True  # by its kind
     assert warm.builds_per_shape("fp8_blockwise_scaled_mm", "sgl_kernel") is False
     assert warm.builds_per_shape("rmsnorm", "sglang_jit") is False  # a JIT module per op
+    # FlashInfer's fused MoE: its block-FP8 grouped GEMMs are DeepGEMM's too; its BF16 path is the module alone
+    assert warm.builds_per_shape("cutlass_fused_moe", "flashinfer.fp8_block") is True
+    assert warm.builds_per_shape("cutlass_fused_moe", "flashinfer.bf16") is False
 
 
 def test_an_unchecked_item_is_launched_without_its_reference(monkeypatch):

@@ -131,6 +131,9 @@ class CutlassFusedMoe(Adapter):
             requires=SM90_ONLY,
             fallbacks=FALLBACKS,
             skip=only("fp8_block"),
+            # its grouped GEMMs are FlashInfer's copy of DeepGEMM, compiled per shape at first launch (2-5 s
+            # a shape after the module is built), so warm builds each case's shape
+            builds_per_shape=True,
             label="DeepSeek FP8 block-scale checkpoints (sm90 module only); not this NVFP4 checkpoint",
         ),
         Backend(
