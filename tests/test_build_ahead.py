@@ -211,3 +211,83 @@ def test_the_summary_says_how_much_of_the_builders_time_went_to_items():
     ]
     assert build_ahead.busy_text(done, 2, 100.0) == "; 30% of 2 x 100 s in build items"
     assert build_ahead.busy_text([], 2, 100.0) == "" and build_ahead.busy_text(done, 2, 0.0) == ""
+
+
+def test_a_build_recorded_past_the_runs_limit_is_deferred_and_its_cases_recorded_skipped(
+    tmp_path, monkeypatch
+):
+    """--defer-builds-over: fake_slow_build's build is recorded at 600 s, past the run's 300 s, so no
+    builder makes it and each of its cases is recorded skipped with the command that builds it; the
+    rest of the run is measured as usual."""
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    monkeypatch.setenv(tests.fake_build_adapters.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(build_ahead, "packaged_build_times", lambda: {("fake_slow_build", "fake"): 600.0})
+    kernels = ["fake_slow_build", "fake_ok"]
+    opts = SweepOptions(
+        device="cpu",
+        phases=("decode",),
+        profile="cpu",
+        seed=0,
+        measure_ceilings=False,
+        build_ahead=True,
+        build_jobs=2,
+        defer_builds_over_s=300.0,
+    )
+    items, skips = plan_sweep({k: _entry(k) for k in kernels}, default_shapes(), kernels, ["fake"], opts)
+    out = tmp_path / "r.jsonl"
+    summary = run_sweep(items, skips, opts, out)
+    records = [r for r in iter_records(out) if r.get("status")]
+    slow = [r for r in records if r["kernel"] == "fake_slow_build"]
+    n_slow = sum(it.kernel == "fake_slow_build" for it in items)
+    assert len(slow) == n_slow > 1 and {r["status"] for r in slow} == {"skipped"}
+    assert all(
+        r["reason"].startswith("build deferred: fake_slow_build · fake builds for 10 min or more")
+        and "`dskbench warm --kernel fake_slow_build --backend fake` builds it" in r["reason"]
+        for r in slow
+    )
+    assert {r["status"] for r in records if r["kernel"] == "fake_ok"} == {"ok"}
+    assert summary.counts["ok"] == len(items) - n_slow and summary.counts["skipped"] == n_slow
+    log = (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
+    assert "built" not in log  # the slow build never ran, in a builder or in the measuring worker
+
+
+def test_a_build_done_before_on_this_box_is_not_deferred_and_none_is_without_a_limit():
+    class Remembers:
+        why_forgotten = None
+
+        def __init__(self, keys):
+            self.keys = set(keys)
+
+        def known(self, keys):
+            return {k for k in keys if k in self.keys}
+
+        def add(self, key, status):
+            pass
+
+        def save(self):
+            pass
+
+    items = [_item(0, "k", 1, "a"), _item(1, "k", 8, "a"), _item(2, "k", 1, "b")]
+    times = {("k", "a"): 1000.0, ("k", "b"): 10.0}
+    opts = SweepOptions(device="cpu", defer_builds_over_s=900.0)
+    b = build_ahead.Builder(items, opts, None, jobs=1, build_s=times, memory=Remembers([]))
+    try:
+        assert [it.index for it in b.deferred] == [0, 1]  # both cases of the one long build
+        assert [it.index for it in b.items] == [2] and [it.index for it in b.picked] == [2]
+        assert [f["status"] for _, f in b.deferred_records()] == ["skipped", "skipped"]
+        assert "1 builds deferred (2 cases skipped: k · a)" in b.summary()
+    finally:
+        b.stop()
+    key_a = warm.build_key(items[0], False)
+    b = build_ahead.Builder(items, opts, None, jobs=1, build_s=times, memory=Remembers([key_a]))
+    try:
+        assert b.deferred == [] and len(b.items) == 3  # built before here: ready, nothing to defer
+    finally:
+        b.stop()
+    assert build_ahead.deferred_builds(b.items, times, None) == {}
+
+
+def test_cli_defer_builds_over_needs_build_ahead(capsys):
+    args = ["run", "--device", "cpu", "--kernel", "rmsnorm", "--defer-builds-over", "900"]
+    assert cli.main(args) == cli.EXIT_USAGE
+    assert "--defer-builds-over applies only with --build-ahead" in capsys.readouterr().err

@@ -134,6 +134,12 @@ class Builder:
         known |= no_build
         # every build unchecked: the measuring worker checks each case before it times it
         self.picked = [dataclasses.replace(it, checked=False) for it in picked if it.build not in known]
+        self.build_s = build_s if build_s is not None else packaged_build_times()
+        # builds too long for this run (--defer-builds-over): not made; their cases recorded skipped
+        self.deferred_why = deferred_builds(self.picked, self.build_s, opts.defer_builds_over_s)
+        self.picked = [it for it in self.picked if it.build not in self.deferred_why]
+        self.deferred = [it for it in self.items if it.build in self.deferred_why]
+        self.items = [it for it in self.items if it.build not in self.deferred_why]
         # (kernel, backend)s found missing from this install by a build: their other builds are dropped
         self.unavailable: set[tuple[str, str]] = set()
         self.dropped = 0
@@ -141,7 +147,6 @@ class Builder:
         # one core for the measuring worker, half the rest for builds (warm.default_jobs)
         self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
         self.jobs = max(1, min(self.jobs, len(warm.build_units(self.picked))))
-        self.build_s = build_s if build_s is not None else packaged_build_times()
         self.folder = Path(tempfile.mkdtemp(prefix="dskbench-builds-"))
         self.ready_path = self.folder / "ready"
         self.ready_path.write_text("".join(f"{k}\n" for k in sorted(known)), encoding="utf-8")
@@ -154,6 +159,22 @@ class Builder:
         self.failure: BaseException | None = None
         if not self.tokens:  # one GPU, this process's: every worker it starts inherits the lock's name
             os.environ.update(self.env_for(None))
+
+    def deferred_records(self) -> list[tuple[WorkItem, dict[str, Any]]]:
+        """Each case of a deferred build with its record fields: skipped, and why."""
+        return [
+            (
+                it,
+                {
+                    **it.identity(),
+                    "category": it.category,
+                    "status": "skipped",
+                    "reason": self.deferred_why[it.build],
+                },
+            )
+            for it in self.deferred
+            if it.build
+        ]
 
     def plan_extra(self) -> dict[str, Any]:
         return {READY_KEY: str(self.ready_path)}
@@ -240,6 +261,7 @@ class Builder:
         already = f"; {self.already} built before on this box" if self.already else ""
         already += f"; {self.gated} not for this GPU" if self.gated else ""
         already += f"; {self.dropped} left out (backend not installed)" if self.dropped else ""
+        already += deferred_text(self.deferred_why, self.deferred)
         if not self.picked:
             return f"built ahead: nothing to build{already}"
         forgotten = self.memory.why_forgotten if self.memory is not None else None
@@ -249,6 +271,34 @@ class Builder:
             f"longest {longest:.0f} s{busy_text(self.results, self.jobs, wall)}{already}"
             + (f" (builds not remembered: {forgotten})" if forgotten else "")
         )
+
+
+def deferred_builds(
+    picked: Sequence[WorkItem], build_s: dict[tuple[str, str], float], over_s: float | None
+) -> dict[str, str]:
+    """Build key -> why it is left out: its (kernel, backend) recorded as building for `over_s` seconds
+    or more. A fresh box's first run then ends when the rest is measured, not when the one build that
+    alone outlasts it does; `dskbench warm` makes those builds later, and a box remembers them."""
+    if not over_s:
+        return {}
+    why: dict[str, str] = {}
+    for it in picked:
+        took = build_s.get((it.kernel, it.backend), 0.0)
+        if took >= over_s and it.build:
+            why[it.build] = (
+                f"build deferred: {it.kernel} · {it.backend} builds for {took / 60:.0f} min or more (recorded), "
+                f"past this run's --defer-builds-over {over_s:g} s; "
+                f"`dskbench warm --kernel {it.kernel} --backend {it.backend}` builds it"
+            )
+    return why
+
+
+def deferred_text(why: dict[str, str], cases: Sequence[WorkItem]) -> str:
+    """'; N builds deferred (K cases skipped: kernel · backend, ...)' for the run's last line, or ''."""
+    if not why:
+        return ""
+    names = ", ".join(sorted({f"{it.kernel} · {it.backend}" for it in cases}))
+    return f"; {len(why)} builds deferred ({len(cases)} cases skipped: {names})"
 
 
 def busy_text(results: Sequence[Any], jobs: int, wall_s: float) -> str:

@@ -82,6 +82,9 @@ class SweepOptions:
     warm_only: bool = False  # prepare (build, first launch, check) but time nothing: dskbench warm
     build_ahead: bool = False  # build the JIT modules in worker processes beside the measuring one
     build_jobs: int | None = None  # those builders; None: by the cores (warm.default_jobs)
+    # with build_ahead: builds recorded as taking this many seconds or more are left out and their cases
+    # recorded skipped (execution/build_ahead.py: deferred); None: every build is made
+    defer_builds_over_s: float | None = None
     costs_from: tuple[str, ...] = ()  # results files whose item times cut a sharded sweep (shard.py)
     case_timeout_s: float | None = None  # hang limit per case; None: scaled from its expected time; 0: off
     first_use_allowance_s: float | None = None  # added on a first use; None: 120 s unless case_timeout_s

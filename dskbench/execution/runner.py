@@ -173,6 +173,7 @@ def run_sweep(
     from dskbench.execution.build_ahead import building, start_builder
 
     builder = start_builder(to_run, opts, None, device)
+    settled = builder.deferred_records() if builder is not None else []
     if builder is not None:
         to_run = builder.items
     ceilings = None
@@ -199,4 +200,6 @@ def run_sweep(
     slot = Slot("", plan, env=workers_env, units=[to_run] if to_run else [])
     in_process = None if opts.isolate else run_in_process(to_run, device, opts, run_seed, ceilings)
     with building(builder):
-        return execute(out, env, skips, [slot], limits, copies, progress, in_process=in_process)
+        return execute(
+            out, env, skips, [slot], limits, copies, progress, in_process=in_process, settled=settled
+        )

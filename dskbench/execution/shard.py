@@ -283,6 +283,7 @@ def run_sharded(
     from dskbench.execution.build_ahead import building, start_builder
 
     builder = start_builder(to_run, opts, tokens, gate)
+    settled = builder.deferred_records() if builder is not None else []
     if builder is not None:
         to_run = builder.items
     shards, loads = shard_items(to_run, n, sweep_cost(to_run, opts, gate))
@@ -330,7 +331,9 @@ def run_sharded(
         for g in range(n)
     ]
     with building(builder):
-        return execute(out, env, skips, slots, limits, copies, progress, tag=lambda g: {"gpu_index": g})
+        return execute(
+            out, env, skips, slots, limits, copies, progress, tag=lambda g: {"gpu_index": g}, settled=settled
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -168,8 +168,10 @@ def execute(
     progress: Any = None,
     in_process: Callable[[Callable[[WorkItem, dict[str, Any]], None]], None] | None = None,
     tag: Callable[[int], dict[str, Any]] = lambda s: {},
+    settled: Sequence[tuple[WorkItem, dict[str, Any]]] = (),
 ) -> SweepSummary:
-    """Write the environment record, the planning skips, then every item's record as it finishes.
+    """Write the environment record, the planning skips, the items `settled` before running (their
+    record fields: a deferred build's cases), then every item's record as it finishes.
 
     `slots` hold the units to run (the pool's); `in_process` instead runs them here, no isolation
     (debugging). `tag(s)` adds fields to the records of slot s (a sharded sweep's gpu_index). On an
@@ -180,6 +182,8 @@ def execute(
     with recording(out, environment, progress, copies, repro=True) as record:
         for s in skips:
             record.skip(s)
+        for item, fields in settled:
+            record(item, fields)
         if in_process is not None:
             in_process(record)
         else:

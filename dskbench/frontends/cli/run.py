@@ -78,6 +78,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --build-ahead: builds at once (default: half the cores but two)",
     )
     run.add_argument(
+        "--defer-builds-over",
+        type=types.seconds,
+        metavar="S",
+        help="with --build-ahead: leave out the JIT builds that dskbench's shipped build times record as "
+        "taking S seconds or more; their cases are recorded skipped, with the `dskbench warm` command that "
+        "builds them. Builds done before on this box are not left out",
+    )
+    run.add_argument(
         "--no-dedupe",
         action="store_true",
         help="measure every op's case, also where another op has the same kernel, backend and shape",
@@ -180,6 +188,7 @@ def run_config(args: argparse.Namespace, device: str, gpus: int) -> RunConfig:
         cross_check=not args.no_cross_check,
         build_ahead=args.build_ahead,
         build_jobs=args.build_jobs,
+        defer_builds_over_s=args.defer_builds_over,
         seed=args.seed,
         isolate=not args.no_isolate,
         budget_s=args.budget if args.budget is not None else (0.2 if device == "cpu" else None),
@@ -209,9 +218,10 @@ def command(args: argparse.Namespace) -> int:
         if getattr(args, flag) and not args.resume:
             print(f"dskbench: --{flag.replace('_', '-')} applies only with --resume", file=sys.stderr)
             return EXIT_USAGE
-    if args.build_jobs is not None and not args.build_ahead:
-        print("dskbench: --build-jobs applies only with --build-ahead", file=sys.stderr)
-        return EXIT_USAGE
+    for flag in ("build_jobs", "defer_builds_over"):
+        if getattr(args, flag) is not None and not args.build_ahead:
+            print(f"dskbench: --{flag.replace('_', '-')} applies only with --build-ahead", file=sys.stderr)
+            return EXIT_USAGE
     if args.resume and args.out is None:
         print("dskbench: --resume needs --out FILE, the results file to continue", file=sys.stderr)
         return EXIT_USAGE
