@@ -94,14 +94,11 @@ def test_the_gpu_lock_keeps_another_process_out_while_held(tmp_path, monkeypatch
         fh.close()
 
 
-def test_a_run_building_ahead_measures_each_case_once_its_build_is_done(tmp_path, monkeypatch):
-    """The slow build comes first in the plan: the measuring worker takes fake_ok's cases while it builds,
-    and never starts a slow-build case before its builder is done (one build, found by the worker)."""
+def _run_building_ahead(tmp_path, monkeypatch, kernels, **opts):
+    """A CPU sweep of the fake kernels that builds ahead (2 builders): its items, results file, summary."""
     monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
     monkeypatch.setenv(tests.fake_build_adapters.DIR_ENV, str(tmp_path))
-    kernels = ["fake_slow_build", "fake_ok"]
-    registry = {k: _entry(k) for k in kernels}
-    opts = SweepOptions(
+    options = SweepOptions(
         device="cpu",
         phases=("decode",),
         profile="cpu",
@@ -109,10 +106,18 @@ def test_a_run_building_ahead_measures_each_case_once_its_build_is_done(tmp_path
         measure_ceilings=False,
         build_ahead=True,
         build_jobs=2,
+        **opts,
     )
-    items, skips = plan_sweep(registry, default_shapes(), kernels, ["fake"], opts)
+    items, skips = plan_sweep({k: _entry(k) for k in kernels}, default_shapes(), kernels, ["fake"], options)
     out = tmp_path / "r.jsonl"
-    summary = run_sweep(items, skips, opts, out)
+    return items, out, run_sweep(items, skips, options, out)
+
+
+def test_a_run_building_ahead_measures_each_case_once_its_build_is_done(tmp_path, monkeypatch):
+    """The slow build comes first in the plan: the measuring worker takes fake_ok's cases while it builds,
+    and never starts a slow-build case before its builder is done (one build, found by the worker)."""
+    kernels = ["fake_slow_build", "fake_ok"]
+    items, out, summary = _run_building_ahead(tmp_path, monkeypatch, kernels)
     assert summary.counts["ok"] == len(items) > 2
     log = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
     built = [(int(pid), int(nice)) for w, pid, nice in log if w == "built"]
@@ -219,23 +224,9 @@ def test_a_build_recorded_past_the_runs_limit_is_deferred_and_its_cases_recorded
     """--defer-builds-over: fake_slow_build's build is recorded at 600 s, past the run's 300 s, so no
     builder makes it and each of its cases is recorded skipped with the command that builds it; the
     rest of the run is measured as usual."""
-    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
-    monkeypatch.setenv(tests.fake_build_adapters.DIR_ENV, str(tmp_path))
     monkeypatch.setattr(build_ahead, "packaged_build_times", lambda: {("fake_slow_build", "fake"): 600.0})
     kernels = ["fake_slow_build", "fake_ok"]
-    opts = SweepOptions(
-        device="cpu",
-        phases=("decode",),
-        profile="cpu",
-        seed=0,
-        measure_ceilings=False,
-        build_ahead=True,
-        build_jobs=2,
-        defer_builds_over_s=300.0,
-    )
-    items, skips = plan_sweep({k: _entry(k) for k in kernels}, default_shapes(), kernels, ["fake"], opts)
-    out = tmp_path / "r.jsonl"
-    summary = run_sweep(items, skips, opts, out)
+    items, out, summary = _run_building_ahead(tmp_path, monkeypatch, kernels, defer_builds_over_s=300.0)
     records = [r for r in iter_records(out) if r.get("status")]
     slow = [r for r in records if r["kernel"] == "fake_slow_build"]
     n_slow = sum(it.kernel == "fake_slow_build" for it in items)
