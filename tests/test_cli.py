@@ -91,15 +91,16 @@ def _planned(capsys) -> list[str]:
     return _planned_in(capsys.readouterr().out)
 
 
-def _results_file(path, cases: dict[str, str], **settings) -> bytes:
-    """A results file holding one run of RMSNORM with these cases' statuses; its bytes."""
+def _results_file(path, cases: dict[str, str], reasons: dict[str, str] | None = None, **settings) -> bytes:
+    """A results file holding one run of RMSNORM with these cases' statuses (and reasons); its bytes."""
     from dskbench.results.io import ResultsWriter, environment_record, result_record
 
     env = {"created": "2026-11-21T00:00:00+00:00", "device": {"kind": "cpu"}, "versions": {}}
     with ResultsWriter(path) as w:
         w.write(environment_record("r1", **env, settings={**CPU_SETTINGS, "flush": "write", **settings}))
         for case, status in cases.items():
-            fields = {"timing": {"median_us": 1.0}} if status == "ok" else {"reason": "timed out after 30 s"}
+            reason = (reasons or {}).get(case, "timed out after 30 s")
+            fields = {"timing": {"median_us": 1.0}} if status == "ok" else {"reason": reason}
             w.write(
                 result_record(
                     "r1", status, kernel="rmsnorm", case_id=case, backend={"name": "torch-ref"}, **fields
@@ -145,6 +146,22 @@ def test_resume_keeps_error_records_unless_retry_errors(tmp_path, capsys):
     assert cli.main([*RMSNORM, "--out", str(out), "--resume", "--retry-errors", "--dry-run"]) == 0
     assert _planned_in(capsys.readouterr().out) == cases[1:]
     assert out.read_bytes() == before
+
+
+def test_resume_runs_the_cases_whose_build_was_deferred(tmp_path, capsys):
+    cases = _planned(capsys)
+    out = tmp_path / "r.jsonl"
+    why = {
+        cases[
+            1
+        ]: "build deferred: rmsnorm · torch-ref builds for 23 min or more (recorded), past this run's ...",
+        cases[2]: "needs sm100/sm103 (found sm90)",  # skipped for good
+    }
+    _results_file(out, {cases[0]: "ok", cases[1]: "skipped", cases[2]: "skipped"}, why, seed=None)
+    assert cli.main([*RMSNORM, "--out", str(out), "--resume", "--dry-run"]) == 0
+    got = capsys.readouterr()
+    assert _planned_in(got.out) == [cases[1], *cases[3:]]  # the deferred case runs now
+    assert "2 cases already done; 1 whose build was deferred to run now" in got.err
 
 
 def test_resume_refuses_other_settings_unless_told_to_mix(tmp_path, capsys):

@@ -40,6 +40,7 @@ from dskbench.execution.build_memory import BuildMemory
 from dskbench.execution.build_times import packaged_build_times
 from dskbench.execution.gpu_lock import LOCK_ENV
 from dskbench.execution.items import SweepOptions, WorkItem
+from dskbench.results.io import DEFERRED
 
 ALL_DONE = "*"  # the ready file's last line: no builder is left
 POLL_S = 0.5  # how often a measuring worker with nothing ready looks at the ready file again
@@ -286,7 +287,7 @@ def deferred_builds(
         took = build_s.get((it.kernel, it.backend), 0.0)
         if took >= over_s and it.build:
             why[it.build] = (
-                f"build deferred: {it.kernel} · {it.backend} builds for {took / 60:.0f} min or more (recorded), "
+                f"{DEFERRED}{it.kernel} · {it.backend} builds for {took / 60:.0f} min or more (recorded), "
                 f"past this run's --defer-builds-over {over_s:g} s; "
                 f"`dskbench warm --kernel {it.kernel} --backend {it.backend}` builds it"
             )

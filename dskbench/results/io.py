@@ -14,7 +14,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,16 +316,23 @@ def finished_cases(runs: Iterable[Run], retry_errors: bool = False) -> set[tuple
 
     The latest record of a case decides. An `error` or `unstable` record stands like ok, wrong and
     skipped (a kernel that hung or crashed its worker would do so again) unless `retry_errors`. A case
-    stopped by an interrupt has no record, so it runs again.
+    stopped by an interrupt has no record, so it runs again; so does one whose build was deferred
+    (`run --defer-builds-over`): it was left for later, not found wanting.
     """
     return {
         key
         for key, rec in latest_by_case(runs).items()
-        if not (retry_errors and rec["status"] in RETRIED)
+        if not (retry_errors and rec["status"] in RETRIED) and not deferred(rec)
     }
 
 
 RETRIED = ("error", "unstable")  # what --retry-errors runs again
+DEFERRED = "build deferred: "  # how a skipped record whose build a run left out starts its reason
+
+
+def deferred(rec: Mapping[str, Any]) -> bool:
+    """Whether a record is a case skipped because its run deferred its build (a resume runs it)."""
+    return rec.get("status") == "skipped" and str(rec.get("reason") or "").startswith(DEFERRED)
 
 
 # The settings a resumed sweep must share with the file's earlier runs: what a case measures and how.

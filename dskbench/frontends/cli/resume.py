@@ -16,6 +16,7 @@ def open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips:
     from dskbench.results.io import (
         RETRIED,
         ResultsError,
+        deferred,
         finished_cases,
         latest_by_case,
         prepare_append,
@@ -49,6 +50,7 @@ def open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips:
     kept = [i for i in items if (i.case_id, i.backend) not in done]
     statuses = [latest.get((i.case_id, i.backend), {}).get("status") for i in items]
     errors = sum(1 for s in statuses if s in RETRIED)
+    waited = sum(1 for i in items if deferred(latest.get((i.case_id, i.backend), {})))
     what = " or ".join(_plural(s) for s in RETRIED if s in statuses)  # errors, unstable, errors or unstable
     items = [dataclasses.replace(i, index=n) for n, i in enumerate(kept)]
     skips = [s for s in skips if (s["case_id"], "-") not in done]
@@ -56,6 +58,8 @@ def open_out(out: Path, args: argparse.Namespace, opts: Any, items: list, skips:
         note = f", {errors} {what} to run again" if errors else ""
     else:
         note = f" ({errors} of them {what}, kept: --retry-errors runs them again)" if errors else ""
+    if waited:
+        note += f"; {waited} whose build was deferred to run now"
     print(f"resuming {out}: {before - len(items)} cases already done{note}", file=sys.stderr)
     return items, skips
 
