@@ -53,16 +53,16 @@ out="results/run-$run_stamp.jsonl"
 builds=()
 if [ "$DSKBENCH_GPU" = 1 ]; then
     step python3 -m dskbench.setup.stack cuda  # one line on a driver / CUDA / torch mismatch, exit 1
-    if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then
-        echo "+ python3 -m dskbench run --dry-run --quick $* | python3 -m dskbench.setup.mainjob eta"
-    else
-        python3 -m dskbench run --dry-run --quick "$@" | python3 -m dskbench.setup.mainjob eta
-    fi
     builds=(--build-ahead)
     # builds recorded as outlasting a first run (FlashInfer's CUTLASS fused MoE: 17 minutes on 64 cores)
     # are left to `dskbench warm`: their cases are recorded skipped with the command; 0 builds everything
     defer="${DSKBENCH_DEFER_BUILDS_S:-900}"
     [ "$defer" = 0 ] || builds+=(--defer-builds-over "$defer")
+    if [ "${DSKBENCH_DRY_RUN:-0}" = 1 ]; then
+        echo "+ python3 -m dskbench run --dry-run --quick $* | python3 -m dskbench.setup.mainjob eta ${builds[*]}"
+    else
+        python3 -m dskbench run --dry-run --quick "$@" | python3 -m dskbench.setup.mainjob eta "${builds[@]}"
+    fi
 fi
 next_stage measure
 status=0

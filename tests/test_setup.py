@@ -268,6 +268,46 @@ def test_estimate_from_a_plain_plan_and_from_shards():
     assert "(0.045 s per case by the cost model" in mainjob.estimate(plain, 0.045)
 
 
+def test_a_fresh_box_is_told_its_builds_set_the_length_naming_the_longest_kept():
+    plan = (
+        "cutlass_fused_moe/experts:bf16/decode/T=1,tp=1  flashinfer.bf16\n"
+        "cutlass_scaled_fp4_mm/gate_up/decode/T=1  sglang_jit.marlin\n"
+        "rmsnorm/q_a_layernorm/decode/T=1  sglang_jit\n"
+        "fake_kernel  skipped: not in this model\n"
+        "3 cases to run, 1 kernels skipped at planning\n"
+    )
+    times = {
+        ("cutlass_fused_moe", "flashinfer.bf16"): 1380.0,
+        ("cutlass_scaled_fp4_mm", "sglang_jit.marlin"): 803.0,
+        ("top_k_renorm_prob", "flashinfer"): 900.0,  # not in the plan
+    }
+    assert mainjob.fresh_box_note(plan, 900.0, times) == (
+        "this box's JIT caches are empty: its builds, beside the measuring, set the length; the longest, "
+        "cutlass_scaled_fp4_mm · sglang_jit.marlin, took 13 min where recorded"
+    )  # the fused MoE's build is deferred
+    assert "cutlass_fused_moe · flashinfer.bf16, took 23 min" in mainjob.fresh_box_note(plan, None, times)
+    assert mainjob.fresh_box_note(plan, 900.0, {}) == (
+        "this box's JIT caches are empty: its builds run beside the measuring"
+    )
+    assert mainjob._defer_s(["--build-ahead", "--defer-builds-over", "900"]) == 900.0
+    assert mainjob._defer_s(["--build-ahead"]) is None
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_eta_adds_the_build_line_only_on_a_fresh_box(monkeypatch, capsys, fresh):
+    import io
+
+    monkeypatch.setattr(mainjob, "_fresh", lambda: fresh)
+    monkeypatch.setattr(
+        "sys.stdin", io.StringIO("rmsnorm/q_a/decode/T=1  sglang_jit\n1 cases to run, 0 kernels\n")
+    )
+    assert mainjob.main(["eta", "--build-ahead", "--defer-builds-over", "900"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("expected: about ")
+    assert (len(lines) == 2 and lines[1].startswith("this box's JIT caches are empty")) == fresh
+    assert len(lines) == (2 if fresh else 1)
+
+
 # -- the main job's wall time per stage -------------------------------------------------------------------
 
 STAGE_KEYS = ["setup", "measure", "report"]

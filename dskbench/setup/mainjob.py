@@ -8,7 +8,7 @@ The estimate: with a sharded plan (`--gpus`), the longest shard of the cost mode
 (dskbench/execution/cost.py); otherwise each case costs that model's fixed per-case overhead plus the
 quick sweep's typical sampling. It is a model, not a measurement: a case's input set-up beyond that
 overhead comes on top, and on a fresh box the longest JIT build (they run beside the measuring) can
-take longer than the measuring.
+take longer than the measuring: there `eta` adds a line naming the longest build the run keeps.
 """
 
 from __future__ import annotations
@@ -52,6 +52,20 @@ def estimate(dry_run: str, case_s: float) -> str | None:
     return (
         f"expected: about {_minutes(secs)} to measure {cases} cases ({how}; "
         "on a fresh box the longest JIT build may take longer)"
+    )
+
+
+def fresh_box_note(dry_run: str, defer_s: float | None, build_s: dict[tuple[str, str], float]) -> str:
+    """For a box whose JIT caches are empty: its builds, beside the measuring, set the first run's length,
+    so name the longest the plan keeps (recorded build seconds; those at `defer_s` or more are deferred)."""
+    pairs = set(re.findall(r"^([^/\s]+)/\S*\s+(\S+)$", dry_run, re.M))
+    kept = {p: s for p, s in build_s.items() if p in pairs and not (defer_s and s >= defer_s)}
+    if not kept:
+        return "this box's JIT caches are empty: its builds run beside the measuring"
+    (kernel, backend), secs = max(kept.items(), key=lambda kv: kv[1])
+    return (
+        f"this box's JIT caches are empty: its builds, beside the measuring, set the length; the longest, "
+        f"{kernel} · {backend}, took {_minutes(secs)} where recorded"
     )
 
 
@@ -142,11 +156,32 @@ def _read_box(path: Path) -> dict[str, object] | None:
         return None  # the facts are a courtesy: their loss never fails the main job
 
 
+def _fresh() -> bool:
+    from dskbench.setup.jit_cache import is_fresh
+
+    return is_fresh()
+
+
+def _defer_s(args: list[str]) -> float | None:
+    """`--defer-builds-over S` among eta's arguments (what the sweep will be given), else None."""
+    if "--defer-builds-over" in args[:-1]:
+        try:
+            return float(args[args.index("--defer-builds-over") + 1])
+        except ValueError:
+            return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["eta"]:
-        line = estimate(sys.stdin.read(), per_case_s())
+        plan = sys.stdin.read()
+        line = estimate(plan, per_case_s())
         print(line or "expected: unknown (no plan from dskbench run --dry-run)")
+        if line and _fresh():
+            from dskbench.execution.build_times import packaged_build_times
+
+            print(fresh_box_note(plan, _defer_s(args[1:]), packaged_build_times()))
         return 0
     if args[:1] == ["box"]:
         print(json.dumps(box_facts()))
