@@ -37,7 +37,7 @@ from typing import Any
 from dskbench.adapters.backends import UNAVAILABLE
 from dskbench.device.info import DeviceInfo
 from dskbench.execution.build_memory import BuildMemory
-from dskbench.execution.build_times import packaged_build_times
+from dskbench.execution.build_times import deferred_by, packaged_build_times
 from dskbench.execution.gpu_lock import LOCK_ENV
 from dskbench.execution.items import SweepOptions, WorkItem
 from dskbench.results.io import DEFERRED
@@ -285,7 +285,7 @@ def deferred_builds(
     why: dict[str, str] = {}
     for it in picked:
         took = build_s.get((it.kernel, it.backend), 0.0)
-        if took >= over_s and it.build:
+        if deferred_by(took, over_s) and it.build:
             why[it.build] = (
                 f"{DEFERRED}{it.kernel} · {it.backend} builds for {took / 60:.0f} min or more (recorded), "
                 f"past this run's --defer-builds-over {over_s:g} s; "

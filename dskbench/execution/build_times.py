@@ -39,3 +39,8 @@ def packaged_build_times() -> dict[tuple[str, str], float]:
 
     doc = json.loads((PACKAGE_DIR / "data" / "build_seconds.json").read_text())
     return {(r["kernel"], r["backend"]): float(r["seconds"]) for r in doc["seconds"]}
+
+
+def deferred_by(seconds: float, over_s: float | None) -> bool:
+    """Whether a build recorded at `seconds` is left out by `run --defer-builds-over over_s` (None: none is)."""
+    return bool(over_s) and seconds >= over_s

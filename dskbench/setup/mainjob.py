@@ -58,8 +58,10 @@ def estimate(dry_run: str, case_s: float) -> str | None:
 def fresh_box_note(dry_run: str, defer_s: float | None, build_s: dict[tuple[str, str], float]) -> str:
     """For a box whose JIT caches are empty: its builds, beside the measuring, set the first run's length,
     so name the longest the plan keeps (recorded build seconds; those at `defer_s` or more are deferred)."""
+    from dskbench.execution.build_times import deferred_by
+
     pairs = set(re.findall(r"^([^/\s]+)/\S*\s+(\S+)$", dry_run, re.M))
-    kept = {p: s for p, s in build_s.items() if p in pairs and not (defer_s and s >= defer_s)}
+    kept = {p: s for p, s in build_s.items() if p in pairs and not deferred_by(s, defer_s)}
     if not kept:
         return "this box's JIT caches are empty: its builds run beside the measuring"
     (kernel, backend), secs = max(kept.items(), key=lambda kv: kv[1])
