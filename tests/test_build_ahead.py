@@ -282,3 +282,75 @@ def test_cli_defer_builds_over_needs_build_ahead(capsys):
     args = ["run", "--device", "cpu", "--kernel", "rmsnorm", "--defer-builds-over", "900"]
     assert cli.main(args) == cli.EXIT_USAGE
     assert "--defer-builds-over applies only with --build-ahead" in capsys.readouterr().err
+
+
+def _items_of(kernels):
+    options = SweepOptions(device="cpu", phases=("decode",), profile="cpu", seed=0, measure_ceilings=False)
+    return plan_sweep({k: _entry(k) for k in kernels}, default_shapes(), kernels, ["fake"], options)[0]
+
+
+def _warm_fakes(tmp_path, monkeypatch, memory, **opts):
+    """`dskbench warm` of fake_slow_build (recorded at 600 s) and fake_ok on the CPU: results, summary."""
+    from dskbench.device.info import DeviceInfo
+
+    monkeypatch.setenv("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
+    monkeypatch.setenv(tests.fake_build_adapters.DIR_ENV, str(tmp_path))
+    items = _items_of(["fake_slow_build", "fake_ok"])
+    options = SweepOptions(device="cpu", profile="cpu", seed=0, measure_ceilings=False, **opts)
+    times = {("fake_slow_build", "fake"): 600.0}
+    results = warm.run_warm(items, options, 2, build_s=times, memory=memory, device=DeviceInfo("cpu"))
+    return {r.kernel: r for r in results}, warm.summary_lines(results, 1.0, 2)
+
+
+def test_warm_defers_a_build_recorded_past_its_limit_and_makes_it_without_one(tmp_path, monkeypatch):
+    """`warm --defer-builds-over 300`: fake_slow_build (600 s recorded) is never built, reported skipped
+    with run's reason and the command that builds it, and not remembered; without the limit it is built."""
+    from dskbench.execution.build_memory import BuildMemory
+    from dskbench.results.io import DEFERRED
+
+    memory = BuildMemory(tmp_path / "builds.json", {})
+    by, lines = _warm_fakes(tmp_path, monkeypatch, memory, defer_builds_over_s=300.0)
+    slow = by["fake_slow_build"]
+    assert slow.status == "skipped" and slow.reason.startswith(
+        f"{DEFERRED}fake_slow_build · fake builds for 10 min or more (recorded)"
+    )
+    assert "`dskbench warm --kernel fake_slow_build --backend fake` builds it" in slow.reason
+    assert by["fake_ok"].status == "ok"
+    assert not (tmp_path / "log").exists()  # its builder never ran
+    assert {k.split(" · ")[0] for k in memory.keys} == {"fake_ok"}  # the deferred build is not remembered
+    assert any(slow.reason in line for line in lines)  # the table keeps the command
+    assert lines[-1].endswith("; 1 builds deferred (fake_slow_build · fake)")
+
+    by, lines = _warm_fakes(tmp_path, monkeypatch, None)
+    assert by["fake_slow_build"].status == "ok" and "deferred" not in lines[-1]
+    assert [line.split()[0] for line in (tmp_path / "log").read_text().splitlines()] == ["built"]
+
+
+def test_warm_does_not_defer_a_build_this_box_has_done(tmp_path, monkeypatch):
+    from dskbench.execution.build_memory import BuildMemory
+
+    memory = BuildMemory(tmp_path / "builds.json", {})
+    slow = _items_of(["fake_slow_build"])[0]
+    memory.add(warm.build_key(slow, False), "ok")
+    by, lines = _warm_fakes(tmp_path, monkeypatch, memory, defer_builds_over_s=300.0)
+    assert by["fake_slow_build"].status == "ok" and "deferred" not in lines[-1]
+
+
+def test_cli_warm_defers_by_the_build_times_it_is_given_and_rejects_bad_values(tmp_path, capsys):
+    import json
+
+    times = tmp_path / "times.json"
+    times.write_text(
+        json.dumps({"results": [{"kernel": "rmsnorm", "backend": "torch-ref", "build_s": 1000}]})
+    )
+    out = tmp_path / "warm.json"
+    args = ["warm", "--device", "cpu", "--kernel", "rmsnorm", "--build-times", str(times), "--out", str(out)]
+    assert cli.main([*args, "--defer-builds-over", "900"]) == cli.EXIT_OK
+    rows = json.loads(out.read_text())["results"]
+    assert rows and {r["status"] for r in rows} == {"skipped"}
+    assert all("`dskbench warm --kernel rmsnorm --backend torch-ref` builds it" in r["reason"] for r in rows)
+    assert f"; {len(rows)} builds deferred (rmsnorm · torch-ref)" in capsys.readouterr().out
+    for bad in ("-5", "abc", "0"):  # as run's: seconds > 0
+        assert cli.main(["warm", "--device", "cpu", "--defer-builds-over", bad]) == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "expected a number of seconds > 0" in err

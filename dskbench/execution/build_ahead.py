@@ -37,10 +37,9 @@ from typing import Any
 from dskbench.adapters.backends import UNAVAILABLE
 from dskbench.device.info import DeviceInfo
 from dskbench.execution.build_memory import BuildMemory
-from dskbench.execution.build_times import deferred_by, packaged_build_times
+from dskbench.execution.build_times import deferred_builds, packaged_build_times
 from dskbench.execution.gpu_lock import LOCK_ENV
 from dskbench.execution.items import SweepOptions, WorkItem
-from dskbench.results.io import DEFERRED
 
 ALL_DONE = "*"  # the ready file's last line: no builder is left
 POLL_S = 0.5  # how often a measuring worker with nothing ready looks at the ready file again
@@ -272,26 +271,6 @@ class Builder:
             f"longest {longest:.0f} s{busy_text(self.results, self.jobs, wall)}{already}"
             + (f" (builds not remembered: {forgotten})" if forgotten else "")
         )
-
-
-def deferred_builds(
-    picked: Sequence[WorkItem], build_s: dict[tuple[str, str], float], over_s: float | None
-) -> dict[str, str]:
-    """Build key -> why it is left out: its (kernel, backend) recorded as building for `over_s` seconds
-    or more. A fresh box's first run then ends when the rest is measured, not when the one build that
-    alone outlasts it does; `dskbench warm` makes those builds later, and a box remembers them."""
-    if not over_s:
-        return {}
-    why: dict[str, str] = {}
-    for it in picked:
-        took = build_s.get((it.kernel, it.backend), 0.0)
-        if deferred_by(took, over_s) and it.build:
-            why[it.build] = (
-                f"{DEFERRED}{it.kernel} · {it.backend} builds for {took / 60:.0f} min or more (recorded), "
-                f"past this run's --defer-builds-over {over_s:g} s; "
-                f"`dskbench warm --kernel {it.kernel} --backend {it.backend}` builds it"
-            )
-    return why
 
 
 def deferred_text(why: dict[str, str], cases: Sequence[WorkItem]) -> str:

@@ -375,13 +375,19 @@ def run_warm(
 
     gpu_tokens: CUDA_VISIBLE_DEVICES value of each GPU to spread the workers over (round robin by
     job); None leaves the environment as it is. memory: where the builds done are remembered (a later
-    `run --build-ahead` leaves them out). Returns one WarmResult per item, in plan order.
+    `run --build-ahead` leaves them out). opts.defer_builds_over_s: the builds deferred_here names are
+    not made, each recorded skipped with why. Returns one WarmResult per item, in plan order.
     """
     picked = warm_plan(items, device)
     if not picked:
         return []
     results: dict[int, WarmResult] = {}
     keys = {it.index: key for it, key in zip(picked, build_keys(picked), strict=True)}
+    why = deferred_here(picked, keys, opts.defer_builds_over_s, build_s, memory, device)
+    for it in picked:  # left out: recorded skipped with the command that builds them, not remembered
+        if keys[it.index] in why:
+            results[it.index] = warm_result(it, {"status": "skipped", "reason": why[keys[it.index]]})
+    todo = [it for it in picked if keys[it.index] not in why]
 
     def record(item: WorkItem, fields: dict[str, Any]) -> None:
         r = warm_result(item, fields)
@@ -392,28 +398,61 @@ def run_warm(
             progress(r)
 
     try:
-        warm_pool(picked, opts, jobs_for(items, jobs), record, gpu_tokens, build_s).run()
+        if todo:
+            jobs = min(jobs_for(items, jobs), len(build_units(todo)))
+            warm_pool(todo, opts, jobs, record, gpu_tokens, build_s).run()
     finally:
         if memory is not None:
             memory.save()
     return [results[it.index] for it in picked if it.index in results]
 
 
+def deferred_here(
+    picked: Sequence[WorkItem],
+    keys: dict[int, str],
+    over_s: float | None,
+    build_s: dict[tuple[str, str], float] | None,
+    memory: BuildMemory | None,
+    device: DeviceInfo | None,
+) -> dict[str, str]:
+    """Build key -> why warm leaves it out (`--defer-builds-over over_s`: build_times.deferred_builds,
+    the rule and reason of `run --build-ahead`), for the builds of `picked` recorded at over_s seconds
+    or more (build_s, else the shipped times) that `memory` does not know and `device` does not skip."""
+    if not over_s:
+        return {}
+    from dskbench.execution.build_times import deferred_builds, packaged_build_times
+
+    known = memory.known(keys.values()) if memory is not None else set()
+    gated = gated_here(device) if device is not None else (lambda _it: None)
+    open_builds = [
+        dataclasses.replace(it, build=keys[it.index])
+        for it in picked
+        if keys[it.index] not in known and not gated(it)
+    ]
+    return deferred_builds(open_builds, build_s if build_s is not None else packaged_build_times(), over_s)
+
+
 def summary_lines(results: Sequence[WarmResult], wall_s: float, jobs: int) -> list[str]:
     """A table, slowest build first, then the counts and the time saved by building side by side."""
+    from dskbench.results.io import deferred
+
     lines = [f"{'build':>12}  {'status':8} kernel · backend · variant"]
     for r in sorted(results, key=lambda r: -(r.build_s or 0.0)):
         t = f"{r.build_s:10.1f} s" if r.build_s is not None else " " * 12
-        why = f"  ({str(r.reason)[:90]})" if r.status not in ("ok",) and r.reason else ""
+        # a deferred build's reason is kept whole: it ends with the command that builds it
+        why = str(r.reason) if deferred(vars(r)) else str(r.reason)[:90]
+        why = f"  ({why})" if r.status not in ("ok",) and r.reason else ""
         lines.append(f"{t}  {r.status:8} {r.kernel} · {r.backend} · {r.variant or '-'}{why}")
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     serial = sum(r.item_s or 0.0 for r in results)
+    left_out = [f"{r.kernel} · {r.backend}" for r in results if deferred(vars(r))]  # one build an item
     lines.append(
         f"warmed {len(results)} (kernel, backend, variant): "
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         + f"; wall {wall_s:.1f} s with {jobs} jobs (items one after another: {serial:.1f} s)"
+        + (f"; {len(left_out)} builds deferred ({', '.join(sorted(set(left_out)))})" if left_out else "")
     )
     return lines
 

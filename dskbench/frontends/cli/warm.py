@@ -52,6 +52,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "build times dskbench ships, from one measured warm-up)",
     )
     wm.add_argument(
+        "--defer-builds-over",
+        type=types.seconds,
+        metavar="S",
+        help="leave out the builds recorded (--build-times, else the shipped build times) as taking S seconds "
+        "or more, as `dskbench run --build-ahead --defer-builds-over S` does; each is reported skipped, with "
+        "the `dskbench warm` command that builds it. Builds done before on this box are not left out",
+    )
+    wm.add_argument(
         "--import",
         dest="import_file",
         type=Path,
@@ -126,6 +134,7 @@ def _warm(args: argparse.Namespace) -> int:
         measure_ceilings=False,
         case_timeout_s=args.case_timeout,
         first_use_allowance_s=args.first_use_allowance,
+        defer_builds_over_s=args.defer_builds_over,
     )
     config = RunConfig(
         options=options,
