@@ -76,3 +76,62 @@ def test_run_one_retries_only_beside_builders(builders, tmp_path, monkeypatch):
     got = case.run_one(_item(0, "k", 1), GPU, SweepOptions(), 0, None)
     assert len(calls) == (2 if builders else 1)
     assert got["status"] == ("ok" if builders else "error")
+
+
+def _lock_is_free(path) -> bool:
+    """Whether another process could take the GPU lock now (a second open file: flock is per file)."""
+    import fcntl
+
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return True
+
+
+@pytest.mark.parametrize("builder", [False, True])
+def test_a_builder_waits_and_runs_without_the_lock(builder, tmp_path, monkeypatch):
+    """The measuring worker waits holding the lock (no builder makes inputs meanwhile); a builder must
+    not: the memory it waits for may be the measuring worker's, freed only once that worker has the lock
+    to finish its cases."""
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_lock.LOCK_ENV, str(lock))
+    free = iter([0, 0, 3 * 2**30])
+    free_while_waiting, free_while_running = [], []
+
+    def run():
+        free_while_running.append(_lock_is_free(lock))
+        return {"status": "ok"}
+
+    got = memory_retry.again_beside_builders(
+        {"status": "error", "reason": OOM},
+        run,
+        lambda: next(free),
+        sleep=lambda _s: free_while_waiting.append(_lock_is_free(lock)),
+        alive=lambda: None,
+        builder=builder,
+    )
+    assert got["status"] == "ok"
+    assert free_while_waiting == [builder, builder] and free_while_running == [builder]
+    assert ("other processes of the run" in got["retried"]) == builder
+
+
+@pytest.mark.parametrize("warm_only", [False, True])
+def test_a_build_out_of_memory_is_tried_again_without_a_lock_named(warm_only, monkeypatch):
+    """`dskbench warm`'s jobs share a GPU with no lock named: a build short of memory is still tried once
+    more; a measured case without builders is not."""
+    monkeypatch.delenv(gpu_lock.LOCK_ENV, raising=False)
+    outcomes = iter([{"status": "error", "reason": OOM}, {"status": "ok"}])
+    calls = []
+
+    def once(*args, **kwargs):
+        calls.append(args)
+        return next(outcomes)
+
+    monkeypatch.setattr(case, "_run_once", once)
+    monkeypatch.setattr(memory_retry, "_free_gpu_bytes", lambda: 2**40)
+    got = case.run_one(_item(0, "k", 1), GPU, SweepOptions(warm_only=warm_only), 0, None)
+    assert len(calls) == (2 if warm_only else 1)
+    assert got["status"] == ("ok" if warm_only else "error")

@@ -385,14 +385,16 @@ def run_one(
 
     A case that ran out of memory while builders share its GPU (a run that builds ahead) is run once more
     under the GPU lock, once they have freed the memory (memory_retry.py): the builders' inputs,
-    not the case, filled the GPU."""
+    not the case, filled the GPU. A build that ran out of memory is run once more too, without the lock,
+    once the memory is free: other builds or the measuring worker held it."""
     from dskbench.execution import memory_retry
 
     fields = _run_once(item, device, opts, run_seed, ceilings, hold)
-    if fields is None or not memory_retry.short_beside_builders(fields, device.kind):
+    builder = opts.warm_only  # a build: other builds (dskbench warm's jobs) may share its GPU too
+    if fields is None or not memory_retry.short_beside_builders(fields, device.kind, builder):
         return fields
     return memory_retry.again_beside_builders(
-        fields, lambda: _run_once(item, device, opts, run_seed, ceilings)
+        fields, lambda: _run_once(item, device, opts, run_seed, ceilings), builder=builder
     )
 
 

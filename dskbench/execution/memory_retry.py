@@ -1,11 +1,18 @@
-"""A case that runs out of GPU memory beside a run's builders (build_ahead.py) is run once more.
+"""A case that runs out of GPU memory beside other processes of its run is run once more.
 
 Builders share the measuring worker's GPU and hold their own inputs while they compile, so a large case
-(a 36 GiB KV cache) can find the GPU full of theirs. The case is run again holding the GPU lock: no
-builder makes new inputs meanwhile, and those they hold are freed as their items end."""
+(a 36 GiB KV cache) can find the GPU full of theirs. The measuring worker runs it again holding the GPU
+lock: no builder makes new inputs meanwhile, and those they hold are freed as their items end.
+
+A builder (`run --build-ahead`, or one of `dskbench warm`'s jobs sharing a GPU) waits without the lock
+and runs its case again without it. The memory it lacks may be the measuring worker's, which needs the
+lock to finish the cases it holds and free them: a builder that waited holding the lock would stop the
+measuring until its wait ran out. A builder's second try may find the memory taken again; its build is
+then an error, and the measured case builds in its own first launch, which is never timed."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -18,11 +25,12 @@ _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
-def short_beside_builders(fields: dict[str, Any], device_kind: str) -> bool:
-    """Whether a case's record fields say it ran out of GPU memory while builders share its GPU."""
+def short_beside_builders(fields: dict[str, Any], device_kind: str, builder: bool = False) -> bool:
+    """Whether a case's record fields say it ran out of GPU memory while other processes of its run
+    share its GPU: builders beside the measuring worker, or (`builder`) other builds and the measuring."""
     return (
         device_kind == "cuda"
-        and gpu_lock.shared()
+        and (gpu_lock.shared() or builder)
         and not fields.get("poisoned")
         and fields.get("status") == "error"
         and str(fields.get("reason", "")).startswith("out of memory")
@@ -42,15 +50,17 @@ def again_beside_builders(
     wait_s: float = MEMORY_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
     alive: Callable[[], None] | None = None,
+    builder: bool = False,
 ) -> dict[str, Any] | None:
-    """Run a case that ran out of memory again, holding the GPU lock throughout: no builder makes new
-    inputs meanwhile, and those it holds are freed as its items end. It starts once the GPU has the
-    allocation that failed free (at most `wait_s` later), saying it is alive each second it waits (the
-    worker's WAIT: the hang watch's limit starts again); its record says it was run twice."""
+    """Run a case that ran out of memory again once the GPU has the allocation that failed free (at most
+    `wait_s` later), saying it is alive each second it waits (the worker's WAIT: the hang watch's limit
+    starts again); its record says it was run twice. The measuring worker holds the GPU lock throughout:
+    no builder makes new inputs meanwhile, and those it holds are freed as its items end. A `builder`
+    never holds it (the module's docstring says why)."""
     need = allocation_bytes(str(fields.get("reason", "")))
     free_bytes = free_bytes or _free_gpu_bytes
     alive = alive or _say_waiting
-    with gpu_lock.held():
+    with contextlib.nullcontext() if builder else gpu_lock.held():
         waited = 0.0
         while need is not None and free_bytes() < need and waited < wait_s:
             alive()
@@ -59,9 +69,8 @@ def again_beside_builders(
         again = run()
     if again is None:
         return None
-    again["retried"] = (
-        f"the first run ran out of memory beside the run's builders: {fields.get('reason', '')}"[:300]
-    )
+    beside = "other processes of the run" if builder else "the run's builders"
+    again["retried"] = f"the first run ran out of memory beside {beside}: {fields.get('reason', '')}"[:300]
     return again
 
 
