@@ -135,3 +135,50 @@ def test_a_build_out_of_memory_is_tried_again_without_a_lock_named(warm_only, mo
     got = case.run_one(_item(0, "k", 1), GPU, SweepOptions(warm_only=warm_only), 0, None)
     assert len(calls) == (2 if warm_only else 1)
     assert got["status"] == ("ok" if warm_only else "error")
+
+
+def test_it_does_not_wait_for_memory_no_other_process_holds(tmp_path, monkeypatch):
+    """A case too large for the GPU (the memory it lacks is not held by others) runs again at once: a
+    wait could only end at its limit, the GPU lock held all the while."""
+    monkeypatch.setenv(gpu_lock.LOCK_ENV, str(tmp_path / "gpu.lock"))
+    slept = []
+    got = memory_retry.again_beside_builders(
+        {"status": "error", "reason": OOM},
+        lambda: {"status": "error", "reason": OOM},
+        lambda: 2**30,  # 1 GiB free of the 2 GiB asked for
+        sleep=slept.append,
+        alive=lambda: None,
+        others_bytes=lambda: 2**29,  # others hold 0.5 GiB: their freeing it would not be enough
+    )
+    assert slept == [] and got["status"] == "error"
+    free = iter([2**30, 2**30, 3 * 2**30])
+    got = memory_retry.again_beside_builders(
+        {"status": "error", "reason": OOM},
+        lambda: {"status": "ok"},
+        lambda: next(free),
+        sleep=slept.append,
+        alive=lambda: None,
+        others_bytes=lambda: 4 * 2**30,  # others hold 4 GiB: worth waiting for
+    )
+    assert len(slept) == 2 and got["status"] == "ok"
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_a_case_short_of_memory_beside_held_cases_runs_again_once_they_are_timed(room, monkeypatch):
+    """The measuring worker holds prepared cases for a batch; a large case after them can find the GPU
+    full of theirs. make_room times and frees them (True when it held some) and the case runs again."""
+    monkeypatch.delenv(gpu_lock.LOCK_ENV, raising=False)
+    outcomes = iter([{"status": "error", "reason": OOM}, {"status": "ok"}])
+    calls, made = [], []
+
+    def once(*args, **kwargs):
+        calls.append(args)
+        return next(outcomes)
+
+    monkeypatch.setattr(case, "_run_once", once)
+    got = case.run_one(
+        _item(0, "k", 1), GPU, SweepOptions(), 0, None, make_room=lambda: made.append(1) or room
+    )
+    assert made == [1] and len(calls) == (2 if room else 1)
+    assert got["status"] == ("ok" if room else "error")
+    assert ("beside held cases" in got.get("retried", "")) == room

@@ -377,11 +377,14 @@ def run_one(
     run_seed: int,
     ceilings,
     hold: Callable[[WorkItem, dict[str, Any], Prepared, float], bool] | None = None,
+    make_room: Callable[[], bool] | None = None,
 ) -> dict[str, Any] | None:
     """execute_item with every failure turned into an error record (the sweep goes on).
 
     `hold(item, fields, prepared, seconds so far)`: offered the prepared case before it is timed; when it
     takes it (True) the case is timed later with others (execution/batching.py) and None is returned.
+    `make_room()`: called when the case ran out of GPU memory; it times and frees the cases held so far
+    (True when there were some), and the case is then run once more.
 
     A case that ran out of memory while builders share its GPU (a run that builds ahead) is run once more
     under the GPU lock, once they have freed the memory (memory_retry.py): the builders' inputs,
@@ -390,6 +393,13 @@ def run_one(
     from dskbench.execution import memory_retry
 
     fields = _run_once(item, device, opts, run_seed, ceilings, hold)
+    if fields is not None and make_room and memory_retry.out_of_memory(fields, device.kind) and make_room():
+        first = fields  # the held cases filled the GPU: they are timed and freed, this one runs again
+        fields = _run_once(item, device, opts, run_seed, ceilings, hold)
+        if fields is not None:
+            fields["retried"] = (
+                f"the first run ran out of memory beside held cases: {first.get('reason', '')}"[:300]
+            )
     builder = opts.warm_only  # a build: other builds (dskbench warm's jobs) may share its GPU too
     if fields is None or not memory_retry.short_beside_builders(fields, device.kind, builder):
         return fields

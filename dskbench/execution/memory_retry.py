@@ -25,16 +25,20 @@ _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
-def short_beside_builders(fields: dict[str, Any], device_kind: str, builder: bool = False) -> bool:
-    """Whether a case's record fields say it ran out of GPU memory while other processes of its run
-    share its GPU: builders beside the measuring worker, or (`builder`) other builds and the measuring."""
+def out_of_memory(fields: dict[str, Any], device_kind: str) -> bool:
+    """Whether a case's record fields say it ran out of GPU memory (and left the CUDA context usable)."""
     return (
         device_kind == "cuda"
-        and (gpu_lock.shared() or builder)
         and not fields.get("poisoned")
         and fields.get("status") == "error"
         and str(fields.get("reason", "")).startswith("out of memory")
     )
+
+
+def short_beside_builders(fields: dict[str, Any], device_kind: str, builder: bool = False) -> bool:
+    """Whether a case's record fields say it ran out of GPU memory while other processes of its run
+    share its GPU: builders beside the measuring worker, or (`builder`) other builds and the measuring."""
+    return (gpu_lock.shared() or builder) and out_of_memory(fields, device_kind)
 
 
 def allocation_bytes(reason: str) -> int | None:
@@ -51,18 +55,29 @@ def again_beside_builders(
     sleep: Callable[[float], None] = time.sleep,
     alive: Callable[[], None] | None = None,
     builder: bool = False,
+    others_bytes: Callable[[], int] | None = None,
 ) -> dict[str, Any] | None:
     """Run a case that ran out of memory again once the GPU has the allocation that failed free (at most
     `wait_s` later), saying it is alive each second it waits (the worker's WAIT: the hang watch's limit
-    starts again); its record says it was run twice. The measuring worker holds the GPU lock throughout:
-    no builder makes new inputs meanwhile, and those it holds are freed as its items end. A `builder`
-    never holds it (the module's docstring says why)."""
+    starts again); its record says it was run twice. It does not wait while other processes hold too
+    little for their freeing it to be enough (`others_bytes`: the GPU's memory neither free nor this
+    process's): the case is then too large here, and its second error stands. The measuring worker holds
+    the GPU lock throughout: no builder makes new inputs meanwhile, and those it holds are freed as its
+    items end. A `builder` never holds it (the module's docstring says why)."""
     need = allocation_bytes(str(fields.get("reason", "")))
-    free_bytes = free_bytes or _free_gpu_bytes
+    if free_bytes is None:
+        free_bytes, others_bytes = _free_gpu_bytes, others_bytes or _others_gpu_bytes
     alive = alive or _say_waiting
+
+    def short() -> bool:
+        free = free_bytes()
+        if need is None or free >= need:
+            return False
+        return others_bytes is None or free + others_bytes() >= need
+
     with contextlib.nullcontext() if builder else gpu_lock.held():
         waited = 0.0
-        while need is not None and free_bytes() < need and waited < wait_s:
+        while short() and waited < wait_s:
             alive()
             sleep(1.0)
             waited += 1.0
@@ -83,3 +98,11 @@ def _free_gpu_bytes() -> int:
     import torch
 
     return int(torch.cuda.mem_get_info()[0])
+
+
+def _others_gpu_bytes() -> int:
+    """The GPU memory neither free nor reserved by this process: other processes' (and the contexts')."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return max(0, int(total) - int(free) - int(torch.cuda.memory_reserved()))

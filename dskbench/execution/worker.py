@@ -88,6 +88,16 @@ def main(argv: list[str]) -> int:
             return False
         return not poisoned
 
+    broke = False  # a batch timed to make room broke the CUDA context: the worker must exit
+
+    def make_room() -> bool:
+        """Time and free the held cases, for a case that ran out of GPU memory beside them."""
+        nonlocal broke
+        if batcher is None or not batcher.held:
+            return False
+        broke = not time_held()
+        return not broke
+
     ready_file = plan.get(build_ahead.READY_KEY)
     order = (
         build_ahead.build_order(todo, items, build_ahead.ReadyFile(ready_file)) if ready_file else iter(todo)
@@ -101,13 +111,13 @@ def main(argv: list[str]) -> int:
         item = items[idx]
         say("BEGIN", idx)
         hold = None if idx in solo else offer
-        fields = run_one(item, device, opts, plan["run_seed"], ceilings, hold=hold)
+        fields = run_one(item, device, opts, plan["run_seed"], ceilings, hold=hold, make_room=make_room)
         if fields is None:
             say("HELD", idx)
             if batcher is not None and batcher.full() and not time_held():
                 return EXIT_POISONED
             continue
-        if result(idx, fields):
+        if result(idx, fields) or broke:
             return EXIT_POISONED  # the held cases are re-run by the next worker
         if batcher is None or not batcher.held:  # no case's tensors alive: the imports' objects alone
             heap.freeze_after_imports()

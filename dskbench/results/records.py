@@ -372,7 +372,8 @@ RESULT_FIELDS = {
     "ranks": "collectives: each rank's median_us, p10_us, p90_us, method",
     "detail": "collectives: the set-up's note",
     "shared_gpu": "other processes used the GPU when this case was measured: {pids, names}",
-    "retried": "why this record is a case's second run (its first ran out of memory beside the run's builders)",
+    "retried": "why this record is a case's second run (its first ran out of GPU memory beside other cases, "
+    "builds or builders of its run)",
 }
 PARTS = {
     "check": Check,
