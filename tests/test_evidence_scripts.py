@@ -270,6 +270,44 @@ def test_speed_plan_runs_its_lanes_on_their_own_gpus_and_cores(tmp_path):
     assert p.returncode == 2 and "speed.sh: needs a GPU" in p.stderr
 
 
+def test_speed_plan_defers_the_longest_builds_and_runs_the_sweep_lane_alone(tmp_path):
+    """By default the sweep lane's warm-up leaves out the builds recorded at 900 s or more and its sweep
+    records their cases skipped (never building them inside the measured run); DEFER_BUILDS_S=0 builds
+    everything. SPEED_LANES=sweep: that lane alone, its warm-up on every GPU and core of the job, its sweep
+    on the first GPU; another value is refused in one line."""
+    from dskbench.frontends.cli import build_parser
+
+    cmds, lines = _plan(
+        "speed.sh", tmp_path / "a", EVIDENCE_GPUS="2", EVIDENCE_CORES="32", SPEED_LANES="sweep"
+    )
+    assert [ln.split()[1] for ln in lines] == ["warm", "sweep", "stats"]
+    warm, sweep = cmds[0], cmds[1]
+    assert "CUDA_VISIBLE_DEVICES" not in lines[0] and "[CUDA_VISIBLE_DEVICES=0]" in lines[1]
+    assert all("taskset" not in c for c in cmds)
+    assert warm[warm.index("--defer-builds-over") + 1] == "900"
+    assert "--build-ahead" in sweep and sweep[sweep.index("--defer-builds-over") + 1] == "900"
+    for c in (warm, sweep):
+        build_parser().parse_args(c[3:])
+    cmds, lines = _plan(
+        "speed.sh", tmp_path / "b", EVIDENCE_GPUS="3", EVIDENCE_CORES="64", DEFER_BUILDS_S="0"
+    )
+    named = dict(zip([ln.split()[1] for ln in lines], cmds, strict=True))
+    assert not any(
+        "--defer-builds-over" in c or "--build-ahead" in c for c in (named["warm"], named["sweep"])
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    p = subprocess.run(
+        ["bash", str(EVIDENCE / "speed.sh"), str(tmp_path / "x")],
+        env={**env, "EVIDENCE_GPUS": "1", "SPEED_LANES": "fresh"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "speed.sh: SPEED_LANES=fresh: expected sweep (or unset: every lane the GPUs allow)"
+    ]
+
+
 def test_shared_gpu_plan_refuses_then_runs_beside_then_waits(tmp_path):
     """Beside a busy process: the same run with --exclusive (to be refused), without (to be flagged), and
     with --wait-exclusive outlasting the busy process; each a valid dskbench command line."""

@@ -5,8 +5,11 @@
 #
 #   lane sweep (first GPU, its share of the cores), in OUT/sweep:
 #     warm        `dskbench warm` for the full default sweep, with `--build-times` from an earlier
-#                 warm's file when BUILD_TIMES=FILE is set
-#     sweep       the full default sweep on this one GPU (`dskbench run --seed 7`), warm caches
+#                 warm's file when BUILD_TIMES=FILE is set, WARM_JOBS builds at once when set, and
+#                 `--defer-builds-over DEFER_BUILDS_S` (default 900; 0 builds everything)
+#     sweep       the full default sweep on this one GPU (`dskbench run --seed 7`), warm caches; with
+#                 deferred builds, `--build-ahead --defer-builds-over` records their cases skipped
+#                 instead of building them inside the measured run
 #     stats       `dskbench stats` of it (wall, item time by stage)
 #   lane fresh (second GPU, FRESH_CORES cores, default 16), in OUT/fresh:
 #     main-job    `bash scripts/run.sh` with empty JIT caches: its own HOME under OUT/fresh/home, so
@@ -18,7 +21,9 @@
 # Each lane is a plan of steps (steps.sh: its own limits, logs and resume); run the same command into the
 # same OUT again to go on. A lane's cores are its own (`taskset`, where the host has it and has cores enough:
 # FRESH_CORES, an eighth of the rest for the timers, the rest for the sweep), so the fresh box's compilers
-# see FRESH_CORES cores. Limits: WARM_SECONDS, SWEEP_SECONDS, MAIN_JOB_SECONDS.
+# see FRESH_CORES cores. SPEED_LANES=sweep runs the sweep lane alone on the whole host: its warm-up
+# spreads the builds over every GPU of the job and all cores, the sweep runs on the first GPU.
+# Limits: WARM_SECONDS, SWEEP_SECONDS, MAIN_JOB_SECONDS.
 # EVIDENCE_DRY_RUN=1 prints each lane's steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,6 +51,15 @@ timer_cores=0
 split=1  # lanes on cores of their own only where each gets a few
 [ $((cores - fresh_cores - timer_cores)) -ge 4 ] || split=0
 [ "$lanes" = 1 ] && split=0
+case "${SPEED_LANES:-}" in
+"") ;;
+sweep) lanes=sweep split=0 fresh_cores=0 timer_cores=0 ;;
+*)
+    echo "speed.sh: SPEED_LANES=${SPEED_LANES}: expected sweep (or unset: every lane the GPUs allow)" >&2
+    exit 2
+    ;;
+esac
+defer="${DEFER_BUILDS_S:-900}"
 
 pin() {  # pin FIRST COUNT: the command prefix that keeps a lane on cores FIRST..FIRST+COUNT-1 (taskset)
     if [ "$split" = 1 ] && command -v taskset >/dev/null 2>&1; then
@@ -59,15 +73,22 @@ lane() {  # lane NAME: steps.sh's OUT for this lane
 
 sweep_lane() {
     lane sweep
-    export CUDA_VISIBLE_DEVICES="$(gpu 0)"
     local first=$fresh_cores count=$((cores - fresh_cores - timer_cores))
-    local times=() cpus
+    local warm_opts=() run_opts=() cpus
     read -ra cpus <<<"$(pin "$first" "$count")"
-    [ -n "${BUILD_TIMES:-}" ] && times=(--build-times "$BUILD_TIMES")
+    [ -n "${BUILD_TIMES:-}" ] && warm_opts+=(--build-times "$BUILD_TIMES")
+    [ -n "${WARM_JOBS:-}" ] && warm_opts+=(--jobs "$WARM_JOBS")
+    if [ "$defer" != 0 ]; then
+        warm_opts+=(--defer-builds-over "$defer")
+        run_opts+=(--build-ahead --defer-builds-over "$defer")
+    fi
+    # alone on the host, the warm-up builds on every GPU of the job; beside other lanes, on its own
+    [ "$lanes" = sweep ] || export CUDA_VISIBLE_DEVICES="$(gpu 0)"
     step warm "${WARM_SECONDS:-3600}" ${cpus[@]+"${cpus[@]}"} \
-        python3 -m dskbench warm --gpus all ${times[@]+"${times[@]}"} --out "$out/warm.json"
+        python3 -m dskbench warm --gpus all ${warm_opts[@]+"${warm_opts[@]}"} --out "$out/warm.json"
+    export CUDA_VISIBLE_DEVICES="$(gpu 0)"
     step sweep "${SWEEP_SECONDS:-7200}" ${cpus[@]+"${cpus[@]}"} \
-        python3 -m dskbench run --seed 7 --resume --out "$out/sweep.jsonl"
+        python3 -m dskbench run --seed 7 --resume ${run_opts[@]+"${run_opts[@]}"} --out "$out/sweep.jsonl"
     step stats 600 python3 -m dskbench stats "$out/sweep.jsonl" --json "$out/stats.json"
 }
 
@@ -94,6 +115,11 @@ timers_lane() {
     step timers 3600 ${cpus[@]+"${cpus[@]}"} bash scripts/evidence/timers.sh "$out"
 }
 
+if [ "$lanes" = sweep ]; then
+    sweep_lane
+    echo "speed.sh: the sweep lane done; see $top/sweep/steps.log"
+    exit 0
+fi
 if [ "${EVIDENCE_DRY_RUN:-0}" = 1 ]; then
     [ "$lanes" -ge 2 ] && sweep_lane
     fresh_lane
