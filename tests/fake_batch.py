@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from dskbench.adapters import register
 from dskbench.adapters.backends import CPU_OK, Backend
 from dskbench.execution import batching
-from tests.fake_adapters import _FakeNorm, _rms
+from tests.fake_adapters import _bind_ok, _FakeNorm, _rms
 
 BATCH_NOTE = "fake batch"
 
@@ -30,6 +32,24 @@ class FakeBatchCrash(_FakeNorm):
     backends = [
         Backend("fake", "dskbench.shapes.cases:Case", None, "torch", _bind_dies_in_batch, requires=CPU_OK)
     ]
+
+
+class FakeOomOnce(_FakeNorm):
+    """Its first case in a worker runs out of memory (as a large case can beside the cases its worker
+    holds for a batch); once run again it is fine."""
+
+    kernel = "fake_oom_once"
+    backends = [Backend("fake", "dskbench.shapes.cases:Case", None, "torch", _bind_ok, requires=CPU_OK)]
+    tried = False
+
+    def make_inputs(self, case, device, seed):
+        if not FakeOomOnce.tried:
+            FakeOomOnce.tried = True
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+        return super().make_inputs(case, device, seed)
+
+
+register(FakeOomOnce)
 
 
 def _timed_together(entries, settings):

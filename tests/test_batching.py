@@ -123,6 +123,17 @@ def test_a_poisoning_error_while_cases_are_held_loses_none_of_them(tmp_path, fak
     )
 
 
+def test_a_case_out_of_memory_beside_held_cases_runs_again_once_they_are_timed(tmp_path, fake_batches):
+    """The worker holds prepared cases for a batch; a case that then runs out of memory has the held ones
+    timed and freed first, and runs again, timed alone: every case recorded once, all ok, the second run
+    said so."""
+    items, recs = _sweep(tmp_path, ["fake_ok", "fake_oom_once"])
+    assert collections.Counter(r["case_id"] for r in recs) == collections.Counter(i.case_id for i in items)
+    assert all(r["status"] == "ok" for r in recs)
+    (again,) = [r for r in recs if r.get("retried")]
+    assert again["kernel"] == "fake_oom_once" and "beside held cases" in again["retried"]
+
+
 # -- falling back to the per-case timer ------------------------------------------------------------------
 
 

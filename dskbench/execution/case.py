@@ -393,9 +393,9 @@ def run_one(
     from dskbench.execution import memory_retry
 
     fields = _run_once(item, device, opts, run_seed, ceilings, hold)
-    if fields is not None and make_room and memory_retry.out_of_memory(fields, device.kind) and make_room():
-        first = fields  # the held cases filled the GPU: they are timed and freed, this one runs again
-        fields = _run_once(item, device, opts, run_seed, ceilings, hold)
+    if fields is not None and make_room and memory_retry.out_of_memory(fields) and make_room():
+        first = fields  # the held cases filled the GPU: they are timed and freed, this one runs again,
+        fields = _run_once(item, device, opts, run_seed, ceilings)  # timed alone (its record says why)
         if fields is not None:
             fields["retried"] = (
                 f"the first run ran out of memory beside held cases: {first.get('reason', '')}"[:300]

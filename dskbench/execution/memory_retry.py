@@ -25,11 +25,10 @@ _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
-def out_of_memory(fields: dict[str, Any], device_kind: str) -> bool:
-    """Whether a case's record fields say it ran out of GPU memory (and left the CUDA context usable)."""
+def out_of_memory(fields: dict[str, Any]) -> bool:
+    """Whether a case's record fields say it ran out of memory (and left the CUDA context usable)."""
     return (
-        device_kind == "cuda"
-        and not fields.get("poisoned")
+        not fields.get("poisoned")
         and fields.get("status") == "error"
         and str(fields.get("reason", "")).startswith("out of memory")
     )
@@ -38,7 +37,7 @@ def out_of_memory(fields: dict[str, Any], device_kind: str) -> bool:
 def short_beside_builders(fields: dict[str, Any], device_kind: str, builder: bool = False) -> bool:
     """Whether a case's record fields say it ran out of GPU memory while other processes of its run
     share its GPU: builders beside the measuring worker, or (`builder`) other builds and the measuring."""
-    return (gpu_lock.shared() or builder) and out_of_memory(fields, device_kind)
+    return device_kind == "cuda" and (gpu_lock.shared() or builder) and out_of_memory(fields)
 
 
 def allocation_bytes(reason: str) -> int | None:

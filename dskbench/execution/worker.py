@@ -89,13 +89,17 @@ def main(argv: list[str]) -> int:
         return not poisoned
 
     broke = False  # a batch timed to make room broke the CUDA context: the worker must exit
+    current = -1  # the item being run
 
     def make_room() -> bool:
-        """Time and free the held cases, for a case that ran out of GPU memory beside them."""
+        """Time and free the held cases, for a case that ran out of GPU memory beside them; the case then
+        begins again (its own time limit, not what the batch left of it)."""
         nonlocal broke
         if batcher is None or not batcher.held:
             return False
         broke = not time_held()
+        if not broke:
+            say("BEGIN", current)
         return not broke
 
     ready_file = plan.get(build_ahead.READY_KEY)
@@ -108,7 +112,7 @@ def main(argv: list[str]) -> int:
                 return EXIT_POISONED
             say("WAIT", "builds")
             continue
-        item = items[idx]
+        item, current = items[idx], idx
         say("BEGIN", idx)
         hold = None if idx in solo else offer
         fields = run_one(item, device, opts, plan["run_seed"], ceilings, hold=hold, make_room=make_room)
