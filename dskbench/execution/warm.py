@@ -415,21 +415,15 @@ def deferred_here(
     memory: BuildMemory | None,
     device: DeviceInfo | None,
 ) -> dict[str, str]:
-    """Build key -> why warm leaves it out (`--defer-builds-over over_s`: build_times.deferred_builds,
-    the rule and reason of `run --build-ahead`), for the builds of `picked` recorded at over_s seconds
-    or more (build_s, else the shipped times) that `memory` does not know and `device` does not skip."""
-    if not over_s:
-        return {}
+    """Build key -> why warm leaves it out (`--defer-builds-over`, build_times.deferred_builds' rule and
+    reason): the builds of `picked` that `memory` does not know and `device` does not skip."""
     from dskbench.execution.build_times import deferred_builds, packaged_build_times
 
-    known = memory.known(keys.values()) if memory is not None else set()
-    gated = gated_here(device) if device is not None else (lambda _it: None)
-    open_builds = [
-        dataclasses.replace(it, build=keys[it.index])
-        for it in picked
-        if keys[it.index] not in known and not gated(it)
-    ]
-    return deferred_builds(open_builds, build_s if build_s is not None else packaged_build_times(), over_s)
+    known = memory.known(keys.values()) if memory is not None and over_s else set()
+    gated = gated_here(device) if device is not None and over_s else (lambda _it: None)
+    builds = [dataclasses.replace(it, build=keys[it.index]) for it in picked if not gated(it)]
+    builds = [it for it in builds if it.build not in known]
+    return deferred_builds(builds, build_s if build_s is not None else packaged_build_times(), over_s)
 
 
 def summary_lines(results: Sequence[WarmResult], wall_s: float, jobs: int) -> list[str]:
