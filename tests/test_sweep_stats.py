@@ -115,3 +115,40 @@ def test_a_missing_file_or_a_bad_option_is_one_line(tmp_path, capsys):
     assert main(["stats", str(bad), "--top", "0"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--top: expected a positive integer, got '0'" in err
+
+
+def test_trust_counts_peaks_impossible_shares_and_flags_once_per_measured_case(tmp_path, capsys):
+    p = tmp_path / "t.jsonl"
+
+    def rec(case, kernel, bw, agrees, **kw):
+        cross = {} if agrees is None else {"cross_check": {"agrees": agrees}}
+        return result_record(
+            "r1",
+            kw.pop("status", "ok"),
+            kernel=kernel,
+            case_id=case,
+            backend={"name": "b"},
+            timing={"median_us": 1.0, **cross},
+            metrics={"pct_bw_datasheet": bw, "pct_compute_datasheet": None},
+            **kw,
+        )
+
+    with ResultsWriter(p) as w:
+        w.write(
+            environment_record("r1", created="2026-11-27T00:00:00+00:00", device={"name": "G"}, versions={})
+        )
+        w.write(rec("a", "gemm", 80.0, False))
+        w.write(rec("a2", "gemm", 80.0, False, shared_with="a"))  # a copy: counted once
+        w.write(rec("b", "gemm", 91.5, True))
+        w.write(rec("c", "norm", 104.0, False))  # impossible: over the datasheet
+        w.write(rec("d", "norm", 50.0, None))  # not cross-checked
+        w.write(rec("e", "norm", 150.0, False, status="wrong", reason="off"))  # not ok: not counted
+    [s] = [stats.run_stats(r) for r in read_runs([p])]
+    t = s["trust"]
+    assert t["ok"] == 4 and t["over_100"] == 1 and t["cross_checked"] == 3
+    assert t["flagged"] == 2 and t["flagged_by"] == {"gemm · b": 1, "norm · b": 1}
+    assert t["highest"] == {"pct_bw_datasheet": {"pct": 104.0, "case": "c · b"}}
+    assert main(["stats", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "trust: at most 104.0% of datasheet bandwidth (c · b); 1 over 100%" in out
+    assert "second timer: 2 of 3 cross-checked ok records flagged (most: gemm · b 1, norm · b 1)" in out

@@ -1,7 +1,8 @@
 """How a sweep went: case counts by status, error reasons, wall time per GPU, that time without
 first-time JIT compilation (the figure the sweep-speed target is about), and where the item time went,
 stage by stage (inputs, reference, check, warm-up, capture, sampling, ...), in all and for the kernels
-that took longest.
+that took longest, and how far its ok records can be trusted: the highest share of a datasheet peak, and
+how many the second timer flagged (which kernels most).
 
     dskbench stats RESULTS.jsonl[.gz]... [--top N] [--json OUT]
 
@@ -90,6 +91,42 @@ def run_stats(run: Any) -> dict[str, Any]:
         },
         "errors": dict(errors.most_common()),
         "wrong": dict(wrong.most_common()),
+        "trust": trust(recs),
+    }
+
+
+PEAK_SHARES = (("pct_bw_datasheet", "bandwidth"), ("pct_compute_datasheet", "compute"))
+
+
+def trust(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of the ok records (a copy counted once): the highest share of each datasheet peak and its case,
+    how many read over 100% of one (impossible), and how many the second timer read outside its band."""
+    ok = [r for r in recs if r["status"] == "ok" and not r.get("shared_with")]
+    top: dict[str, Any] = {}
+    over = 0
+    for r in ok:
+        metrics = r.get("metrics") or {}
+        shares = [(key, metrics.get(key)) for key, _ in PEAK_SHARES]
+        over += any(isinstance(v, int | float) and v > 100.0 for _, v in shares)
+        for key, v in shares:
+            if isinstance(v, int | float) and v > (top.get(key) or {}).get("pct", -1.0):
+                top[key] = {
+                    "pct": round(float(v), 1),
+                    "case": f"{r.get('case_id')} · {r['backend'].get('name')}",
+                }
+    checks = [((r.get("timing") or {}).get("cross_check") or {}).get("agrees") for r in ok]
+    flagged = Counter(
+        f"{r['kernel']} · {r['backend'].get('name')}"
+        for r, agrees in zip(ok, checks, strict=True)
+        if agrees is False
+    )
+    return {
+        "ok": len(ok),
+        "highest": top,
+        "over_100": over,
+        "cross_checked": sum(a is not None for a in checks),
+        "flagged": sum(flagged.values()),
+        "flagged_by": dict(flagged.most_common()),
     }
 
 
@@ -124,7 +161,26 @@ def report_lines(s: dict[str, Any], top: int) -> list[str]:
             f"  gpu {idx}: {g['cases']} cases, wall {g['wall_s']} s, JIT {g['jit_s']} s, without JIT {g['wall_without_jit_s']} s"
         )
     lines += stage_lines(s, top)
+    lines += trust_lines(s.get("trust") or {})
     for what in ("errors", "wrong"):
         for k, n in s[what].items():
             lines.append(f"  {what[:-1] if what == 'errors' else what} x{n}: {k}")
+    return lines
+
+
+def trust_lines(t: dict[str, Any], most: int = 5) -> list[str]:
+    """The trust figures as printed: peaks reached, impossible shares, the second timer's flags."""
+    if not t.get("ok"):
+        return []
+    highest = [
+        f"{t['highest'][key]['pct']}% of datasheet {name} ({t['highest'][key]['case']})"
+        for key, name in PEAK_SHARES
+        if key in t["highest"]
+    ]
+    lines = [f"  trust: at most {', '.join(highest) or 'no datasheet share'}; {t['over_100']} over 100%"]
+    flagged = ", ".join(f"{k} {n}" for k, n in list(t["flagged_by"].items())[:most])
+    lines.append(
+        f"  second timer: {t['flagged']} of {t['cross_checked']} cross-checked ok records flagged"
+        + (f" (most: {flagged})" if flagged else "")
+    )
     return lines
