@@ -17,6 +17,19 @@ OOM = (
 GPU = DeviceInfo("cuda", "NVIDIA H200", 90, 1)
 
 
+def _out_of_memory_then_ok(monkeypatch) -> list:
+    """case._run_once replaced: out of memory the first time, ok the next; returns the calls made."""
+    outcomes = iter([{"status": "error", "reason": OOM}, {"status": "ok"}])
+    calls: list = []
+
+    def once(*args, **kwargs):
+        calls.append(args)
+        return next(outcomes)
+
+    monkeypatch.setattr(case, "_run_once", once)
+    return calls
+
+
 def test_the_failed_allocation_is_read_from_the_error():
     assert memory_retry.allocation_bytes(OOM) == 2 * 2**30
     assert memory_retry.allocation_bytes("Tried to allocate 512.00 MiB") == 512 * 2**20
@@ -64,14 +77,7 @@ def test_run_one_retries_only_beside_builders(builders, tmp_path, monkeypatch):
         monkeypatch.setenv(gpu_lock.LOCK_ENV, str(tmp_path / "gpu.lock"))
     else:
         monkeypatch.delenv(gpu_lock.LOCK_ENV, raising=False)
-    outcomes = iter([{"status": "error", "reason": OOM}, {"status": "ok"}])
-    calls = []
-
-    def once(*args, **kwargs):
-        calls.append(args)
-        return next(outcomes)
-
-    monkeypatch.setattr(case, "_run_once", once)
+    calls = _out_of_memory_then_ok(monkeypatch)
     monkeypatch.setattr(memory_retry, "_free_gpu_bytes", lambda: 2**40)
     got = case.run_one(_item(0, "k", 1), GPU, SweepOptions(), 0, None)
     assert len(calls) == (2 if builders else 1)
@@ -123,14 +129,7 @@ def test_a_build_out_of_memory_is_tried_again_without_a_lock_named(warm_only, mo
     """`dskbench warm`'s jobs share a GPU with no lock named: a build short of memory is still tried once
     more; a measured case without builders is not."""
     monkeypatch.delenv(gpu_lock.LOCK_ENV, raising=False)
-    outcomes = iter([{"status": "error", "reason": OOM}, {"status": "ok"}])
-    calls = []
-
-    def once(*args, **kwargs):
-        calls.append(args)
-        return next(outcomes)
-
-    monkeypatch.setattr(case, "_run_once", once)
+    calls = _out_of_memory_then_ok(monkeypatch)
     monkeypatch.setattr(memory_retry, "_free_gpu_bytes", lambda: 2**40)
     got = case.run_one(_item(0, "k", 1), GPU, SweepOptions(warm_only=warm_only), 0, None)
     assert len(calls) == (2 if warm_only else 1)
@@ -168,14 +167,7 @@ def test_a_case_short_of_memory_beside_held_cases_runs_again_once_they_are_timed
     """The measuring worker holds prepared cases for a batch; a large case after them can find the GPU
     full of theirs. make_room times and frees them (True when it held some) and the case runs again."""
     monkeypatch.delenv(gpu_lock.LOCK_ENV, raising=False)
-    outcomes = iter([{"status": "error", "reason": OOM}, {"status": "ok"}])
-    calls, made = [], []
-
-    def once(*args, **kwargs):
-        calls.append(args)
-        return next(outcomes)
-
-    monkeypatch.setattr(case, "_run_once", once)
+    calls, made = _out_of_memory_then_ok(monkeypatch), []
     got = case.run_one(
         _item(0, "k", 1), GPU, SweepOptions(), 0, None, make_room=lambda: made.append(1) or room
     )
