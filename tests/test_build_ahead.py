@@ -354,3 +354,45 @@ def test_cli_warm_defers_by_the_build_times_it_is_given_and_rejects_bad_values(t
         assert cli.main(["warm", "--device", "cpu", "--defer-builds-over", bad]) == cli.EXIT_USAGE
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "expected a number of seconds > 0" in err
+
+
+def test_a_backend_whose_package_is_not_installed_starts_no_builder(tmp_path):
+    """fake_raise's `missing` backend names a package this install lacks: found without importing, its
+    builds are ready at once (the measuring worker records its cases skipped with resolve's reason)."""
+    from dskbench.adapters.backends import absent_package
+    from dskbench.device.info import DeviceInfo
+    from tests.fake_adapters import FakeRaise
+
+    by_name = {b.name: b for b in FakeRaise.backends}
+    assert (
+        absent_package(by_name["missing"]) == "no_such_module_xyz" and absent_package(by_name["fake"]) is None
+    )
+    kernels = ["fake_raise"]
+    opts = SweepOptions(device="cpu", phases=("decode",), profile="cpu", seed=0, measure_ceilings=False)
+    items, _ = plan_sweep(
+        {k: _entry(k) for k in kernels}, default_shapes(), kernels, ["fake", "missing"], opts
+    )
+    builder = build_ahead.Builder(items, opts, None, jobs=1, device=DeviceInfo("cpu"))
+    try:
+        missing = {it.build for it in builder.items if it.backend == "missing"}
+        assert missing and {it.backend for it in builder.picked} == {"fake"}
+        ready = build_ahead.ReadyFile(builder.ready_path)
+        ready.refresh()
+        assert missing <= ready.done
+        assert f"{len(missing)} left out (backend not installed)" in builder.summary()
+    finally:
+        builder.stop()
+
+
+def test_absent_package_looks_at_every_candidate_and_the_preloads():
+    from dskbench.adapters.backends import Backend, absent_package
+
+    def backend(target, **kw):
+        return Backend("b", target, None, "aot", lambda *a: None, **kw)
+
+    assert absent_package(backend("torch.ops.aten.mm")) is None
+    assert absent_package(backend("no_such_pkg_a.x:f", fallbacks=("dskbench.shapes.cases:Case",))) is None
+    assert (
+        absent_package(backend("dskbench.shapes.cases:Case", preload=("no_such_pkg_b",))) == "no_such_pkg_b"
+    )
+    assert absent_package(backend(None)) is None

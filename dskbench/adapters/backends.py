@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -207,3 +208,26 @@ def resolve(backend: Backend) -> Resolved:
         dist = distribution_of(target) if target != backend.target or not backend.package else backend.package
         return Resolved(fn, target, dist, package_version(dist))
     raise Unavailable(f"{UNAVAILABLE}: " + "; ".join(tried))
+
+
+def absent_package(backend: Backend) -> str | None:
+    """A top-level package that every target of the backend needs and this install lacks, found without
+    importing anything; None when resolving it may succeed. A run then starts no process only to learn
+    that a backend is not installed (resolve still says why when the case runs)."""
+    if backend.target is None:
+        return None
+    missing = []
+    for target in candidates(backend):
+        needed = [*backend.preload, "torch" if target.startswith("torch.ops.") else target.split(":", 1)[0]]
+        lacking = [m.split(".")[0] for m in needed if not _findable(m.split(".")[0])]
+        if not lacking:
+            return None
+        missing.append(lacking[0])
+    return missing[0] if missing else None
+
+
+def _findable(top: str) -> bool:
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False

@@ -23,6 +23,7 @@ How the two sides meet:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import sys
@@ -132,6 +133,9 @@ class Builder:
         no_build = {it.build or "" for it in picked if gated(it)}
         self.gated = len(no_build - known)
         known |= no_build
+        # builds of a backend whose package this install lacks: no builder is started to find that out
+        absent = {it.build or "" for it in picked if _not_installed(it.kernel, it.backend)} - known
+        known |= absent
         # every build unchecked: the measuring worker checks each case before it times it
         self.picked = [dataclasses.replace(it, checked=False) for it in picked if it.build not in known]
         self.build_s = build_s if build_s is not None else packaged_build_times()
@@ -142,7 +146,7 @@ class Builder:
         self.items = [it for it in self.items if it.build not in self.deferred_why]
         # (kernel, backend)s found missing from this install by a build: their other builds are dropped
         self.unavailable: set[tuple[str, str]] = set()
-        self.dropped = 0
+        self.dropped = len(absent)
         self.opts, self.tokens = opts, list(gpu_tokens or [])
         # one core for the measuring worker, half the rest for builds (warm.default_jobs)
         self.jobs = jobs or warm.default_jobs(max(1, usable_cores() - 2))
@@ -271,6 +275,15 @@ class Builder:
             f"longest {longest:.0f} s{busy_text(self.results, self.jobs, wall)}{already}"
             + (f" (builds not remembered: {forgotten})" if forgotten else "")
         )
+
+
+@functools.cache
+def _not_installed(kernel: str, backend: str) -> bool:
+    from dskbench.adapters.backends import absent_package
+    from dskbench.execution.warm import adapter_and_backend
+
+    b = adapter_and_backend(kernel, backend)[1]
+    return b is not None and absent_package(b) is not None
 
 
 def deferred_text(why: dict[str, str], cases: Sequence[WorkItem]) -> str:

@@ -71,7 +71,7 @@ def host_memory() -> int | None:
         return None
 
 
-def _adapter_and_backend(kernel: str, backend: str) -> tuple[Any, Any]:
+def adapter_and_backend(kernel: str, backend: str) -> tuple[Any, Any]:
     """The kernel's adapter and its backend of that name (None for either not registered)."""
     from dskbench.adapters import get_adapter
 
@@ -83,7 +83,7 @@ def _adapter_and_backend(kernel: str, backend: str) -> tuple[Any, Any]:
 
 def builds_per_shape(kernel: str, backend: str) -> bool:
     """Whether this backend compiles again for each shape (PER_SHAPE_KINDS, or its own flag)."""
-    b = _adapter_and_backend(kernel, backend)[1]
+    b = adapter_and_backend(kernel, backend)[1]
     return b is not None and (b.kind in PER_SHAPE_KINDS or b.builds_per_shape)
 
 
@@ -115,7 +115,7 @@ def skipped_by_case(item: WorkItem) -> bool:
     a later item of the same key."""
     from dskbench.shapes.cases import Case
 
-    adapter, backend = _adapter_and_backend(item.kernel, item.backend)
+    adapter, backend = adapter_and_backend(item.kernel, item.backend)
     if adapter is None:
         return False
     case = Case.from_json(item.case)
@@ -130,7 +130,7 @@ def gated_here(device: DeviceInfo) -> Callable[[WorkItem], str | None]:
     from dskbench.shapes.cases import Case
 
     def reason(item: WorkItem) -> str | None:
-        adapter, backend = _adapter_and_backend(item.kernel, item.backend)
+        adapter, backend = adapter_and_backend(item.kernel, item.backend)
         if adapter is None or backend is None:
             return None
         return why_not(adapter, backend, Case.from_json(item.case), device)
