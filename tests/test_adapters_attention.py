@@ -132,6 +132,31 @@ def test_decode_kv_budget_skip_and_traffic():
     assert a.traffic(tp8).flops == 278_528 * total_len // 8
 
 
+def test_triton_decode_is_gated_by_its_split_scratch_on_an_80_gb_gpu():
+    """Seen on an H100: B=512 at 65,536 tokens a request asks for a 36 GiB cache and 32 GiB of fp32
+    attn_logits; it ran out of memory after everything else had been tried. The gate now counts the
+    scratch, so the case is skipped there with the memory it needs, and still runs on a 141 GB GPU."""
+    from dskbench.device.info import DeviceInfo
+    from dskbench.execution.gate import why_not
+
+    a = get_adapter("decode_attention_kernel")
+    dims = {"B": 512, "Nh": 128, "Lkv": 512, "Dr": 64, "kv_len": 65536}
+    model = {"max_position": 163840}
+    tp1 = Case("decode_attention_kernel", "attn_mqa", "decode", {"B": 512, "tp": 1}, dims, None, model)
+    tp4 = Case(
+        "decode_attention_kernel", "attn_mqa", "decode", {"B": 512, "tp": 4}, {**dims, "Nh": 32}, None, model
+    )
+    assert MDT.logits_bytes(tp1, 132) == 4 * 512 * 128 * 256 * 513  # 256 splits on 132 SMs
+    assert a.scratch_bytes("sglang_triton", tp1) == MDT.logits_bytes(tp1, 132)
+    h100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 90, 1, int(79.18 * 2**30))
+    h200 = DeviceInfo("cuda", "NVIDIA H200", 90, 1, int(139.8 * 2**30))
+    backend = a.backends[0]
+    assert why_not(a, backend, tp1, h100).startswith("needs at least 68.2 GiB of GPU memory")
+    assert why_not(a, backend, tp1, h200) is None and why_not(a, backend, tp4, h100) is None
+    flashinfer = get_adapter("BatchMLAPagedAttentionWrapper")  # no such scratch: the cache alone fits
+    assert why_not(flashinfer, flashinfer.backends[0], tp1, h100) is None
+
+
 # -- MHA prefill -----------------------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ class FakeAdapter:
     ):
         self.nbytes, self.skip, self.gpus, self.apply, self.cpu_skip = nbytes, skip, gpus, applies, cpu_skip
         self.traffic_asked = 0
+        self.scratch = 0
 
     def cpu_skip_reason(self, case):
         return self.cpu_skip
@@ -47,6 +48,9 @@ class FakeAdapter:
     def traffic_for(self, backend, case):
         self.traffic_asked += 1
         return Traffic(self.nbytes)
+
+    def scratch_bytes(self, backend, case):
+        return self.scratch
 
 
 def _backend(requires: Requirement = Requirement(), skip=None) -> Backend:
@@ -110,6 +114,12 @@ def test_memory_is_checked_at_planning_against_the_gpus_total():
     assert why_not(fits, _backend(), CASE, H100) is None
     assert why_not(too_big, _backend(), CASE, H100) == (
         "needs at least 70.0 GiB of GPU memory, 80.0 GiB free"
+    )
+    with_scratch = FakeAdapter(nbytes=40 * GIB)
+    with_scratch.scratch = 30 * GIB  # a backend's workspace beside the traffic counts too
+    assert (
+        why_not(with_scratch, _backend(), CASE, H100)
+        == "needs at least 70.0 GiB of GPU memory, 80.0 GiB free"
     )
     unknown = replace(H100, memory_bytes=None)
     assert why_not(too_big, _backend(), CASE, unknown) is None

@@ -174,3 +174,57 @@ def test_a_case_short_of_memory_beside_held_cases_runs_again_once_they_are_timed
     assert made == [1] and len(calls) == (2 if room else 1)
     assert got["status"] == ("ok" if room else "error")
     assert ("beside held cases" in got.get("retried", "")) == room
+
+
+def test_the_contexts_no_wait_frees_are_not_waited_for(tmp_path, monkeypatch):
+    """Seen on an H100: 32 GiB asked for, 30.4 GiB free, and the rest held by CUDA contexts (the run's
+    parent's 1 GiB, this process's own outside PyTorch's pool) that no wait frees: it must not wait."""
+    monkeypatch.setenv(gpu_lock.LOCK_ENV, str(tmp_path / "gpu.lock"))
+    oom = "out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate 32.00 GiB."
+    slept = []
+    got = memory_retry.again_beside_builders(
+        {"status": "error", "reason": oom},
+        lambda: {"status": "error", "reason": oom},
+        lambda: int(30.43 * 2**30),
+        sleep=slept.append,
+        alive=lambda: None,
+        others_bytes=lambda: int(1.7 * 2**30),
+    )
+    assert slept == [] and got["status"] == "error"
+
+
+def test_it_gives_back_its_own_cached_memory_before_it_waits(tmp_path, monkeypatch):
+    """Seen on an H100: a builder short of memory waited with its failed attempt's 37 GiB still cached by
+    its allocator, while the measuring worker waited for that memory: neither got it until both limits."""
+    monkeypatch.setenv(gpu_lock.LOCK_ENV, str(tmp_path / "gpu.lock"))
+    order: list[str] = []
+    monkeypatch.setattr(memory_retry, "release", lambda: order.append("release"))
+    monkeypatch.setattr(memory_retry, "_free_gpu_bytes", lambda: order.append("free") or 3 * 2**30)
+    monkeypatch.setattr(memory_retry, "_others_gpu_bytes", lambda: 0)
+    got = memory_retry.again_beside_builders(
+        {"status": "error", "reason": OOM}, lambda: {"status": "ok"}, alive=lambda: None, builder=True
+    )
+    assert got["status"] == "ok" and order[:2] == ["release", "free"]
+
+
+def test_a_failed_attempt_s_tensors_are_gone_before_its_clean_up(monkeypatch):
+    """The clean-up after a failure runs once the exception (whose traceback keeps the failed frames'
+    locals, a KV cache among them) is gone, so the memory it frees is all the attempt's."""
+    import weakref
+
+    class Tensor:  # stands for a large GPU tensor the failed attempt made
+        pass
+
+    seen: list[bool] = []
+
+    def prepare(*_args):
+        kv_cache = Tensor()
+        seen.append(weakref.ref(kv_cache))
+        raise RuntimeError("CUDA out of memory. Tried to allocate 32.00 GiB")
+
+    monkeypatch.setattr(case, "prepare_item", prepare)
+    alive_at_clean_up: list[bool] = []
+    monkeypatch.setattr(case, "free_memory", lambda *_a, **_k: alive_at_clean_up.append(seen[0]() is not None))
+    got = case._run_once(_item(0, "k", 1), GPU, SweepOptions(), 0, None)
+    assert got["status"] == "error" and got["reason"].startswith("out of memory")
+    assert alive_at_clean_up == [False]

@@ -105,6 +105,11 @@ class Adapter:
         W4A4 kernel) moves other bytes and runs at another rate. Default: the kernel's traffic()."""
         return self.traffic(case)
 
+    def scratch_bytes(self, backend: str, case: Case) -> int:
+        """GPU memory a backend allocates beyond the case's traffic (a workspace sized as its caller sizes
+        it): the memory gate counts it, so a case that cannot fit is skipped before it is tried."""
+        return 0
+
     def applies(self, case: Case) -> bool:
         """False drops the case silently (e.g. an FP8 GEMM kernel at an op whose weight is BF16 here)."""
         return True

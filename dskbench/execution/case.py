@@ -434,13 +434,15 @@ def _run_once(
             fields["stages"]["cleanup_s"] = round(time.perf_counter() - t_clean, 4)
     except Exception as e:  # noqa: BLE001 - a failing kernel is a result, not a crash of the sweep
         fields = error_fields(item, e)
-        if not fields.get("poisoned"):
-            try:
-                free_memory(device, force=True)
-            except Exception as later:  # noqa: BLE001 - the context broke while cleaning up
-                fields = error_fields(item, later)
-        return fields
-    return with_item_time(fields, time.perf_counter() - t0)  # the whole item, set-up and clean-up included
+    else:
+        return with_item_time(fields, time.perf_counter() - t0)  # the whole item, clean-up included
+    # cleaned up past the except clause: its traceback keeps the failed frames' tensors (a KV cache) alive
+    if not fields.get("poisoned"):
+        try:
+            free_memory(device, force=True)
+        except Exception as later:  # noqa: BLE001 - the context broke while cleaning up
+            fields = error_fields(item, later)
+    return fields
 
 
 def with_item_time(fields: dict[str, Any], item_s: float) -> dict[str, Any]:

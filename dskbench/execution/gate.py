@@ -48,11 +48,12 @@ def multi_gpu_reason(needed: int, device: DeviceInfo, ranks: int = 1) -> str | N
 
 
 def memory_reason(adapter: Any, backend: Backend, case: Case, device: DeviceInfo) -> str | None:
-    """Why the case's minimum traffic does not fit this GPU's memory; None on a CPU or a device whose
-    memory is unknown (the traffic is not even computed then)."""
+    """Why the case's minimum traffic and its backend's scratch do not fit this GPU's memory; None on a
+    CPU or a device whose memory is unknown (the traffic is not even computed then)."""
     if device.kind != "cuda" or device.memory_bytes is None:
         return None
-    needed, total = adapter.traffic_for(backend.name, case).bytes, device.memory_bytes
+    needed = adapter.traffic_for(backend.name, case).bytes + adapter.scratch_bytes(backend.name, case)
+    total = device.memory_bytes
     if needed > MEMORY_SHARE * total:
         return f"needs at least {needed / 2**30:.1f} GiB of GPU memory, {total / 2**30:.1f} GiB free"
     return None

@@ -21,6 +21,11 @@ from typing import Any
 from dskbench.execution import gpu_lock
 
 MEMORY_WAIT_S = 300.0  # the longest a case short of memory beside builders waits for them to free it
+# GPU memory outside this process that no wait frees: CUDA contexts (this process's own outside PyTorch's
+# pool, about 0.5 GiB on Hopper; the run's parent's, about 1 GiB; a builder's). A case that lacks no more
+# than others hold beyond this is too large here: without it, a 32 GiB allocation 1.6 GiB short waited
+# the full limit for contexts that are never freed.
+CONTEXTS_BYTES = 2 * 2**30
 _ALLOCATION = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -58,21 +63,24 @@ def again_beside_builders(
 ) -> dict[str, Any] | None:
     """Run a case that ran out of memory again once the GPU has the allocation that failed free (at most
     `wait_s` later), saying it is alive each second it waits (the worker's WAIT: the hang watch's limit
-    starts again); its record says it was run twice. It does not wait while other processes hold too
-    little for their freeing it to be enough (`others_bytes`: the GPU's memory neither free nor this
-    process's): the case is then too large here, and its second error stands. The measuring worker holds
-    the GPU lock throughout: no builder makes new inputs meanwhile, and those it holds are freed as its
-    items end. A `builder` never holds it (the module's docstring says why)."""
+    starts again); its record says it was run twice. Before it waits it gives back what its own
+    allocator caches (`release`). It does not wait while other processes hold too little for their
+    freeing it to be enough (`others_bytes`: the GPU's memory neither free nor this process's, less the
+    contexts no wait frees, CONTEXTS_BYTES): the case is then too large here, and its second error
+    stands. The measuring worker holds the GPU lock throughout: no builder makes new inputs meanwhile,
+    and those it holds are freed as its items end. A `builder` never holds it (the module's docstring
+    says why)."""
     need = allocation_bytes(str(fields.get("reason", "")))
     if free_bytes is None:
         free_bytes, others_bytes = _free_gpu_bytes, others_bytes or _others_gpu_bytes
+        release()  # what this process's allocator keeps cached is not the others' to free
     alive = alive or _say_waiting
 
     def short() -> bool:
         free = free_bytes()
         if need is None or free >= need:
             return False
-        return others_bytes is None or free + others_bytes() >= need
+        return others_bytes is None or free + others_bytes() - CONTEXTS_BYTES >= need
 
     with contextlib.nullcontext() if builder else gpu_lock.held():
         waited = 0.0
@@ -91,6 +99,18 @@ def again_beside_builders(
 def _say_waiting() -> None:
     """The worker protocol's WAIT (execution/process.py): alive, waiting on the builders."""
     print("WAIT memory", flush=True)
+
+
+def release() -> None:
+    """Give the GPU memory this process's allocator caches back to the driver: a process that waits for
+    memory must not be holding what another process waits for."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _free_gpu_bytes() -> int:

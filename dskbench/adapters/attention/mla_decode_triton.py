@@ -14,6 +14,9 @@ from dskbench.adapters.backends import Backend
 from dskbench.shapes.cases import Case
 
 TRITON_MLA_BASE_KV_SPLITS = 8  # server_args.triton_attention_num_kv_splits default
+# The memory gate's SM count: the split cap rounds SMs up to a power of two, 256 for any GPU of 129 to 256
+# SMs (Hopper's 132 among them), so the scratch it sizes is at most this large on such a GPU.
+GATE_SM_COUNT = 256
 
 
 def mla_decode_kv_splits_cap(base: int, sm_count: int, max_context_len: int) -> int:
@@ -23,6 +26,15 @@ def mla_decode_kv_splits_cap(base: int, sm_count: int, max_context_len: int) -> 
     sm_cap = 1 << (sm_count - 1).bit_length()
     ctx_cap = 1 << (-(-max_context_len // 32) - 1).bit_length()
     return max(base, min(sm_cap, ctx_cap))
+
+
+def logits_bytes(case: Case, sm_count: int) -> int:
+    """attn_logits and its lse, fp32 [B, Nh, splits, Lkv] and [B, Nh, splits], as the backend sizes them:
+    32 GiB at B=512 and 128 heads, beside the 36 GiB cache of 65,536 tokens a request."""
+    d = case.dims
+    b, nh, lkv = int(d["B"]), int(d["Nh"]), int(d["Lkv"])
+    splits = mla_decode_kv_splits_cap(TRITON_MLA_BASE_KV_SPLITS, sm_count, int(case.model["max_position"]))
+    return 4 * b * nh * splits * (lkv + 1)
 
 
 def _bind_triton_mla_decode(fn: Any, inputs: dict[str, Any], case: Case) -> Callable[[], Any]:
@@ -95,3 +107,6 @@ class DecodeAttentionKernel(MlaDecode):
             label="page size 1; max_kv_splits = SGLang's MLA cap; attn_logits/lse fp32 scratch in bind",
         )
     ]
+
+    def scratch_bytes(self, backend: str, case: Case) -> int:
+        return logits_bytes(case, GATE_SM_COUNT)
