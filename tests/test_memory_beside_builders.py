@@ -224,7 +224,9 @@ def test_a_failed_attempt_s_tensors_are_gone_before_its_clean_up(monkeypatch):
 
     monkeypatch.setattr(case, "prepare_item", prepare)
     alive_at_clean_up: list[bool] = []
-    monkeypatch.setattr(case, "free_memory", lambda *_a, **_k: alive_at_clean_up.append(seen[0]() is not None))
+    monkeypatch.setattr(
+        case, "free_memory", lambda *_a, **_k: alive_at_clean_up.append(seen[0]() is not None)
+    )
     got = case._run_once(_item(0, "k", 1), GPU, SweepOptions(), 0, None)
     assert got["status"] == "error" and got["reason"].startswith("out of memory")
     assert alive_at_clean_up == [False]
