@@ -468,3 +468,34 @@ def test_moe_references_decode_in_chunks_without_changing_the_result(
     gs = (1.0 / x["a1_scale"], 1.0 / x["a2_scale"])
     assert torch.equal(ref.get("w4a4"), _moe_by_expert(x, gs))
     assert torch.equal(ref.get("w4a16"), _moe_by_expert(x, None))
+
+
+def test_moe_reference_computes_only_the_numerics_this_gpu_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Hopper only the Marlin (W4A16) backends run: the W4A4 oracle, half the reference's time there,
+    is computed only if something asks for it. On a CPU (and on sm100) both are computed in one pass."""
+    from types import SimpleNamespace
+
+    a = get_adapter("cutlass_fp4_group_mm")
+    gpu = SimpleNamespace(type="cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _d=None: (9, 0))
+    assert a.numerics_here(gpu) == {"w4a16"}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _d=None: (10, 0))
+    assert a.numerics_here(gpu) == {"w4a4", "w4a16"}
+    assert a.numerics_here(torch.device("cpu")) == {"w4a4", "w4a16"}
+
+    case = small_moe_case(a.kernel)
+    x = a.make_inputs(case, "cpu", 9)
+    asked: list[int] = []
+    real = fp4.moe_references
+    monkeypatch.setattr(
+        fp4, "moe_references", lambda *args, **kw: asked.append(len(args[5])) or real(*args, **kw)
+    )
+    both = a.reference(x, case)
+    assert asked == [2]  # a CPU: both numerics in one pass
+    monkeypatch.setattr(type(a), "numerics_here", lambda self, device: {"w4a16"})
+    asked.clear()
+    hopper = a.reference(x, case)
+    assert asked == [1]  # W4A16 alone
+    assert torch.equal(hopper.get("w4a16"), both.get("w4a16"))
+    assert torch.equal(hopper.get("w4a4"), both.get("w4a4")) and asked == [1, 1]  # asked for: computed then
