@@ -13,6 +13,12 @@ import torch
 from dskbench.adapters.attention.mla import case_softmax_scale
 from dskbench.adapters.base import Adapter, Traffic
 from dskbench.adapters.common.inputs import generator, randn
+from dskbench.adapters.common.matmul_precision import (
+    exact_fp32_matmul,
+    exact_in_tf32,
+    matmul_split_tf32,
+    tf32_for_exact_operands,
+)
 from dskbench.shapes.cases import Case
 
 PREFILL_SEQ_LEN = 4096  # longest request in a prefill step
@@ -27,10 +33,12 @@ def prefill_seq_lens(num_tokens: int) -> list[int]:
 def mha_causal_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float
 ) -> torch.Tensor:
-    """Causal attention per request in fp32 (heads in chunks to bound the score matrix) -> [T, Nh, Dv]."""
+    """Causal attention per request in fp32 (heads in chunks to bound the score matrix) -> [T, Nh, Dv].
+    BF16 q, k and v are exact in TF32: q . k^T then runs on TF32 tensor cores with exact products, and the
+    fp32 probabilities times v as two such matmuls (matmul_split_tf32); other types in IEEE fp32."""
     t, nh, _ = q.shape
     out = torch.empty(t, nh, v.shape[-1], dtype=torch.float32, device=q.device)
-    start = 0
+    start, tf32 = 0, exact_in_tf32(q, k, v)
     for s in seq_lens:
         sl = slice(start, start + s)
         hc = max(1, min(nh, (1 << 26) // (s * s)))
@@ -38,9 +46,10 @@ def mha_causal_reference(
         for h0 in range(0, nh, hc):
             hs = slice(h0, min(nh, h0 + hc))
             qh, kh, vh = (x[sl, hs].float().transpose(0, 1) for x in (q, k, v))
-            scores = (qh @ kh.transpose(1, 2)) * scale
+            with tf32_for_exact_operands() if tf32 else exact_fp32_matmul():
+                scores = (qh @ kh.transpose(1, 2)) * scale
             p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-            out[sl, hs] = (p @ vh).transpose(0, 1)
+            out[sl, hs] = (matmul_split_tf32(p, vh) if tf32 else p @ vh).transpose(0, 1)
         start += s
     return out
 

@@ -16,6 +16,12 @@ import torch
 from dskbench.adapters.attention.mla import case_softmax_scale
 from dskbench.adapters.base import Adapter, Traffic
 from dskbench.adapters.common.inputs import generator, normal
+from dskbench.adapters.common.matmul_precision import (
+    exact_fp32_matmul,
+    exact_in_tf32,
+    matmul_split_tf32,
+    tf32_for_exact_operands,
+)
 from dskbench.shapes.cases import Case
 
 PAGE = 128  # page granularity of the shared decode cache (lcm of the backends' page sizes 1, 64, 128)
@@ -30,14 +36,19 @@ def mla_decode_reference(
     scale: float,
     rope_dim: int,
 ) -> torch.Tensor:
-    """softmax(q . rows^T * scale) @ rows[:, :512] per request, fp32 -> [B, Nh, 512] (576 - `rope_dim`)."""
+    """softmax(q . rows^T * scale) @ rows[:, :512] per request, fp32 -> [B, Nh, 512] (576 - `rope_dim`).
+
+    BF16 q and rows are exact in TF32: q . rows^T then runs on TF32 tensor cores with exact products, and
+    the fp32 probabilities times the rows as two such matmuls (matmul_split_tf32); other types in IEEE fp32."""
     b, nh, dqk = q.shape
     dv = dqk - rope_dim
     out = torch.empty(b, nh, dv, dtype=torch.float32, device=q.device)
+    tf32 = exact_in_tf32(q, kv_cache)
     for i, length in enumerate(seq_lens.tolist()):
         rows = kv_cache[token_slots(page_table[i], length)].float()  # [L, 576]
-        p = torch.softmax((q[i].float() @ rows.t()) * scale, dim=-1)
-        out[i] = p @ rows[:, :dv]
+        with tf32_for_exact_operands() if tf32 else exact_fp32_matmul():
+            p = torch.softmax((q[i].float() @ rows.t()) * scale, dim=-1)
+        out[i] = matmul_split_tf32(p, rows[:, :dv]) if tf32 else p @ rows[:, :dv]
     return out
 
 

@@ -5,6 +5,8 @@ operand that came from FP8 (e4m3: 3 mantissa bits), INT8 (integers up to 127) or
 fp32 and not yet scaled, loses nothing in it: the matmul then differs from an IEEE fp32 one by summation
 order only, and runs on the tensor cores at several times the fp32 rate (tf32_for_exact_operands). A
 reference that scales its operands before the matmul must not round them so (exact_fp32_matmul).
+An fp32 left operand times an exact right one (attention's probabilities times BF16 values) is two such
+matmuls: its TF32 part and the remainder (matmul_split_tf32).
 """
 
 from __future__ import annotations
@@ -44,3 +46,31 @@ def tf32_for_exact_operands() -> AbstractContextManager[None]:
 def exact_fp32_matmul() -> AbstractContextManager[None]:
     """IEEE fp32 matmuls: a reference must not be computed with 10-bit mantissas."""
     return _cuda_fp32_matmul(False)
+
+
+# Types whose every value TF32 holds exactly (at most 10 explicit mantissa bits; INT8's integers to 127).
+_EXACT_IN_TF32 = {torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8}
+
+
+def exact_in_tf32(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor's type holds values TF32 represents exactly (cast to fp32, not yet scaled)."""
+    return all(t.dtype in _EXACT_IN_TF32 for t in tensors)
+
+
+_TF32_MASK = -(1 << 13)  # an fp32's sign, exponent and top 10 mantissa bits: the part TF32 keeps
+
+
+def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 x = hi + lo exactly: hi is x with the 13 mantissa bits TF32 drops cleared (exact in TF32), lo
+    the remainder (at most 2^-10 of x)."""
+    hi = (x.view(torch.int32) & _TF32_MASK).view(torch.float32)
+    return hi, x - hi
+
+
+def matmul_split_tf32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for fp32 `a` and `b` exact in TF32 (BF16 values cast to fp32), as two TF32 matmuls: hi @ b is
+    exact in its products, and lo @ b loses at most 2^-10 of lo, about 2^-20 of a, near fp32's own
+    rounding of a long sum. On a CPU both are plain fp32 matmuls."""
+    hi, lo = split_tf32(a.float())
+    with tf32_for_exact_operands():
+        return hi @ b + lo @ b

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from dskbench.adapters.common import fp8
+from dskbench.adapters.common.matmul_precision import exact_fp32_matmul, tf32_for_exact_operands
 from dskbench.adapters.moe.inputs import GROUP, ExpertWeights
 
 # Storage groups (one expert each on a GPU) whose fp32 weights grouped_gemm_reference holds at once:
@@ -58,8 +59,11 @@ def moe_gemm_reference(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor | None,
     gate_up: bool,
+    tf32: bool = False,
 ) -> torch.Tensor:
-    """The Triton MoE GEMM in fp32. gate_up: C[t*K+j] = A[t] @ W[e]^T -> [T*K, N].
+    """The Triton MoE GEMM in fp32. gate_up: C[t*K+j] = A[t] @ W[e]^T -> [T*K, N]. `tf32`: A and the
+    weights hold BF16 values, exact in TF32, so the products run on TF32 tensor cores (exact products,
+    fp32 sums); otherwise IEEE fp32.
 
     down: C[t, j] = w[t, j] * (A[t*K+j] @ W[e]^T) -> [T, K, N] (A is the [T*K, I] intermediate).
     Each storage group's weight is dequantised, used and freed before the next (256 fp32 experts would
@@ -71,7 +75,8 @@ def moe_gemm_reference(
     for experts in share_groups(used_experts(offsets), weights):
         slots = group_rows(order, offsets, experts)
         rows = slots // k if gate_up else slots
-        out[slots] = a[rows] @ weights.dequant(experts[0], {}).t()
+        with tf32_for_exact_operands() if tf32 else exact_fp32_matmul():
+            out[slots] = a[rows] @ weights.dequant(experts[0], {}).t()
     if gate_up:
         return out
     assert topk_weights is not None
