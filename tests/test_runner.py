@@ -192,3 +192,32 @@ def test_ops_of_one_shape_are_measured_once_and_recorded_for_each(tmp_path, regi
     again = run_sweep(items, skips, _opts(isolate=isolate, dedupe=False), tmp_path / "all.jsonl")
     (full,) = read_runs([tmp_path / "all.jsonl"])
     assert again.counts == summary.counts and not any("shared_with" in r for r in full.results)
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_a_run_whose_cases_run_in_workers_measures_the_ceilings_in_a_process_of_their_own(
+    isolate, monkeypatch
+):
+    """Seen on an H100: the one-GPU run's parent measured the ceilings itself and so held a 1.01 GiB CUDA
+    context on the GPU for the whole run. With workers, a probe process measures them; an in-process run
+    (no workers) measures them itself; a probe that cannot run falls back to that."""
+    from dskbench.execution import runner, shard
+
+    probed: list[list[str]] = []
+
+    def probe(tokens, kind, want):
+        probed.append(list(tokens))
+        return [{"ceilings": {"hbm_gbps": 1.0}}]
+
+    monkeypatch.setattr(shard, "probe_gpus", probe)
+    monkeypatch.setattr(runner, "timed_ceilings", lambda: {"hbm_gbps": 2.0})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    got = runner.ceilings_for_workers(isolate)
+    assert got == ({"hbm_gbps": 1.0} if isolate else {"hbm_gbps": 2.0})
+    assert probed == ([["3"]] if isolate else [])  # the first visible GPU, the one the workers use
+
+    def broken(*_a):
+        raise shard.ShardError("probing GPU 3 failed")
+
+    monkeypatch.setattr(shard, "probe_gpus", broken)
+    assert runner.ceilings_for_workers(True) == {"hbm_gbps": 2.0}
