@@ -85,6 +85,25 @@ def test_randn_draws_a_large_tensor_in_chunks_and_a_small_one_as_before(monkeypa
     assert torch.equal(big, again)  # one seed, one tensor
 
 
+def test_randint_draws_on_the_device_generator_and_is_seeded(monkeypatch):
+    """Large integer tables (a request pool's token table) are drawn where they live: on the generator
+    device_generator seeds for the target device, never on the host's generator."""
+    import torch
+
+    from dskbench.adapters.common import inputs
+
+    x = inputs.randint(1, 1 << 22, (9, 1000), inputs.generator(3), "cpu")
+    assert x.dtype == torch.int32 and int(x.min()) >= 1 and int(x.max()) < 1 << 22
+    assert torch.equal(x, inputs.randint(1, 1 << 22, (9, 1000), inputs.generator(3), "cpu"))
+    b = inputs.randint(0, 256, (4, 64), inputs.generator(3), "cpu", torch.uint8)
+    assert b.dtype == torch.uint8 and len(torch.unique(b)) > 100
+    asked: list[str] = []
+    real = inputs.device_generator
+    monkeypatch.setattr(inputs, "device_generator", lambda g, d: asked.append(d) or real(g, d))
+    inputs.randint(0, 2, (2,), inputs.generator(3), "cpu")
+    assert asked == ["cpu"]
+
+
 def test_normal_draws_in_the_target_dtype_and_is_seeded():
     import torch
 

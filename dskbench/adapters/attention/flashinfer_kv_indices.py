@@ -19,7 +19,7 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
-from dskbench.adapters.common.inputs import exact_check, generator, nbytes
+from dskbench.adapters.common.inputs import exact_check, generator, nbytes, randint
 from dskbench.shapes.cases import Case
 
 
@@ -74,12 +74,12 @@ class FlashInferKVIndicesAdapter(Adapter):
         gen = generator(seed)
         pool_rows = 2 * b + 1
         rows = torch.randperm(pool_rows - 1, generator=gen)[:b] + 1
-        table = torch.randint(1, 1 << 22, (pool_rows, kv_len), generator=gen, dtype=torch.int32)
+        table = randint(1, 1 << 22, (pool_rows, kv_len), gen, device)
         lens = torch.full((b,), kv_len, dtype=torch.int64)
         indptr = torch.zeros((b + 1,), dtype=torch.int32)
         indptr[1:] = lens.cumsum(0)
         return {
-            "req_to_token": table.to(device),
+            "req_to_token": table,
             "req_pool_indices": rows.to(device),
             "seq_lens": lens.to(device),
             "kv_indptr": indptr.to(device),

@@ -23,7 +23,7 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
-from dskbench.adapters.common.inputs import exact_check, generator, nbytes
+from dskbench.adapters.common.inputs import exact_check, generator, nbytes, randint
 from dskbench.adapters.memory.paged_alloc import next_pow2
 from dskbench.shapes.cases import Case
 
@@ -112,9 +112,9 @@ class GetKAndSAdapter(Adapter):
         gen = generator(seed)
         per_req = -(-seq // page)
         table = (torch.randperm(pages - 1, generator=gen)[: reqs * per_req] + 1).view(reqs, per_req)
-        buf = torch.randint(0, 256, (pages, page * (dim + SCALE_BYTES)), generator=gen, dtype=torch.uint8)
+        buf = randint(0, 256, (pages, page * (dim + SCALE_BYTES)), gen, device, torch.uint8)
         return {
-            "buf": buf.to(device),
+            "buf": buf,
             "page_table": table.to(torch.int32).to(device),
             "seq_lens": torch.full((reqs,), seq, dtype=torch.int64, device=device),
         }

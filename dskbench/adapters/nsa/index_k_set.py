@@ -23,7 +23,7 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
-from dskbench.adapters.common.inputs import exact_check, generator, nbytes, randn
+from dskbench.adapters.common.inputs import exact_check, generator, nbytes, randint, randn
 from dskbench.shapes.cases import Case
 
 FP8 = torch.float8_e4m3fn
@@ -99,11 +99,11 @@ class SetKAndSAdapter(Adapter):
         t, dim, page, pages = index_dims(case)
         gen = generator(seed)
         loc = torch.randperm(pages * page - page, generator=gen)[:t] + page  # page 0 holds the padding slot
-        buf = torch.randint(0, 256, (pages, page * (dim + SCALE_BYTES)), generator=gen, dtype=torch.uint8)
+        buf = randint(0, 256, (pages, page * (dim + SCALE_BYTES)), gen, device, torch.uint8)
         k = randn((t, dim), gen, "cpu", FP8)
         scale = torch.rand((t, 1), generator=gen, dtype=torch.float32) + 0.01
         return {
-            "buf": buf.to(device),
+            "buf": buf,
             "loc": loc.to(device),
             "index_k": k.to(device),
             "index_k_scale": scale.to(device),

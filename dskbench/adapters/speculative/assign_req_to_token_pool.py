@@ -22,7 +22,7 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
-from dskbench.adapters.common.inputs import exact_check, generator, nbytes
+from dskbench.adapters.common.inputs import exact_check, generator, nbytes, randint
 from dskbench.adapters.memory.paged_alloc import next_pow2
 from dskbench.shapes.cases import Case
 
@@ -90,9 +90,9 @@ class AssignReqToTokenPoolAdapter(Adapter):
         start = torch.randint(0, pool_len - new + 1, (b,), generator=gen, dtype=torch.int32)
         n = b * new
         locs = torch.randperm(max(4 * n, 1024), generator=gen)[:n] + 1  # unique KV slots, 0 is padding
-        table = torch.randint(0, 1 << 20, (pool_rows, pool_len), generator=gen, dtype=torch.int32)
+        table = randint(0, 1 << 20, (pool_rows, pool_len), gen, device)
         return {
-            "req_to_token": table.to(device),
+            "req_to_token": table,
             "req_pool_indices": rows.to(device),
             "start_offset": start.to(device),
             "end_offset": (start + new).to(device),

@@ -25,7 +25,7 @@ import torch
 from dskbench.adapters import register
 from dskbench.adapters.backends import Backend
 from dskbench.adapters.base import Adapter, Check, Traffic
-from dskbench.adapters.common.inputs import exact_check, generator, nbytes
+from dskbench.adapters.common.inputs import exact_check, generator, nbytes, randint
 from dskbench.adapters.memory.paged_alloc import next_pow2
 from dskbench.shapes.cases import Case
 
@@ -112,10 +112,10 @@ class DraftDecodeKVIndicesAdapter(Adapter):
         pool_rows = 2 * b + 1
         rows = torch.randperm(pool_rows - 1, generator=gen)[:b] + 1
         width = kv_len + topk * steps  # each row holds the prefix and every branch's draft slots
-        table = torch.randint(1, 1 << 22, (pool_rows, width), generator=gen, dtype=torch.int32)
+        table = randint(1, 1 << 22, (pool_rows, width), gen, device)
         lens = torch.full((b,), kv_len, dtype=torch.int64)
         return {
-            "req_to_token": table.to(device),
+            "req_to_token": table,
             "req_pool_indices": rows.to(device),
             "seq_lens": lens.to(device),
             # the draft tokens' positions: each branch at its request's length
