@@ -483,11 +483,8 @@ def test_moe_reference_computes_only_the_numerics_this_gpu_runs(monkeypatch: pyt
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _d=None: (10, 0))
     assert a.numerics_here(gpu) == {"w4a4", "w4a16"}
     assert a.numerics_here(torch.device("cpu")) == {"w4a4", "w4a16"}
-
     case = small_moe_case(a.kernel)
-    x = a.make_inputs(case, "cpu", 9)
-    asked: list[int] = []
-    real = fp4.moe_references
+    x, asked, real = a.make_inputs(case, "cpu", 9), [], fp4.moe_references
     monkeypatch.setattr(
         fp4, "moe_references", lambda *args, **kw: asked.append(len(args[5])) or real(*args, **kw)
     )
