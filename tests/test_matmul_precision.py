@@ -3,6 +3,7 @@ duration."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dskbench.adapters.common.matmul_precision import (
@@ -75,7 +76,7 @@ def test_a_split_fp32_operand_times_an_exact_one_is_fp32_accurate_on_tf32():
         return float((x - exact).norm() / exact.norm())
 
     assert err(two) < 2**-19 < 2**-13 < err(one)
-    assert err(matmul_split_tf32(p, v).double()) < 2**-19  # a CPU: two plain fp32 matmuls
+    assert torch.equal(matmul_split_tf32(p, v), p @ v)  # a CPU has no TF32: one plain fp32 matmul
 
 
 def test_which_types_are_exact_in_tf32():
@@ -114,3 +115,18 @@ def test_the_references_use_tf32_only_where_their_operands_are_bf16(monkeypatch)
         a.reference(a.make_inputs(c, "cpu", 0), c)
         assert set(used) == {"tf32" if variant == "down.bf16" else "ieee"}, variant
         used.clear()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 tensor cores need a CUDA GPU")
+def test_on_a_gpu_the_split_matmul_is_fp32_accurate_where_one_tf32_matmul_is_not():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    p = torch.softmax(torch.randn(64, 4096, generator=gen, device="cuda") * 4, dim=-1)
+    v = torch.randn(4096, 512, generator=gen, device="cuda").to(torch.bfloat16).float()
+    exact = p.double() @ v.double()
+    with tf32_for_exact_operands():
+        one = p @ v
+
+    def err(x: torch.Tensor) -> float:
+        return float((x.double() - exact).norm() / exact.norm())
+
+    assert err(matmul_split_tf32(p, v)) < 2**-19 < err(one)

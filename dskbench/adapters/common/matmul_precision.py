@@ -70,7 +70,9 @@ def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def matmul_split_tf32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for fp32 `a` and `b` exact in TF32 (BF16 values cast to fp32), as two TF32 matmuls: hi @ b is
     exact in its products, and lo @ b loses at most 2^-10 of lo, about 2^-20 of a, near fp32's own
-    rounding of a long sum. On a CPU both are plain fp32 matmuls."""
+    rounding of a long sum. On a CPU, which has no TF32, it is one plain fp32 matmul."""
+    if a.device.type != "cuda":
+        return a.float() @ b
     hi, lo = split_tf32(a.float())
     with tf32_for_exact_operands():
         return hi @ b + lo @ b
