@@ -74,6 +74,12 @@ def test_speed_plan_defers_the_longest_builds_and_runs_the_sweep_lane_alone(tmp_
     assert "--build-ahead" in sweep and sweep[sweep.index("--defer-builds-over") + 1] == "900"
     for c in (warm, sweep):
         build_parser().parse_args(c[3:])
+    assert "--import" not in warm
+    cmds, _ = _plan(
+        "speed.sh", tmp_path / "c", EVIDENCE_GPUS="1", SPEED_LANES="sweep", JIT_CACHE="/x/fleet.tgz"
+    )
+    assert cmds[0][cmds[0].index("--import") + 1] == "/x/fleet.tgz"  # a fleet's archive first, then the rest
+    build_parser().parse_args(cmds[0][3:])
     cmds, lines = _plan(
         "speed.sh", tmp_path / "b", EVIDENCE_GPUS="3", EVIDENCE_CORES="64", DEFER_BUILDS_S="0"
     )

@@ -6,7 +6,9 @@
 #   lane sweep (first GPU, its share of the cores), in OUT/sweep:
 #     warm        `dskbench warm` for the full default sweep, with `--build-times` from an earlier
 #                 warm's file when BUILD_TIMES=FILE is set, WARM_JOBS builds at once when set, and
-#                 `--defer-builds-over DEFER_BUILDS_S` (default 900; 0 builds everything)
+#                 `--defer-builds-over DEFER_BUILDS_S` (default 900; 0 builds everything); with
+#                 JIT_CACHE=FILE it first unpacks that `dskbench warm --export` archive (`--import`), so
+#                 builds another box made (the longest, say, on a host with more cores) are cache hits
 #     sweep       the full default sweep on this one GPU (`dskbench run --seed 7`), warm caches; with
 #                 deferred builds, `--build-ahead --defer-builds-over` records their cases skipped
 #                 instead of building them inside the measured run
@@ -78,6 +80,7 @@ sweep_lane() {
     read -ra cpus <<<"$(pin "$first" "$count")"
     [ -n "${BUILD_TIMES:-}" ] && warm_opts+=(--build-times "$BUILD_TIMES")
     [ -n "${WARM_JOBS:-}" ] && warm_opts+=(--jobs "$WARM_JOBS")
+    [ -n "${JIT_CACHE:-}" ] && warm_opts+=(--import "$JIT_CACHE")
     if [ "$defer" != 0 ]; then
         warm_opts+=(--defer-builds-over "$defer")
         run_opts+=(--build-ahead --defer-builds-over "$defer")
