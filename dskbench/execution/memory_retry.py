@@ -21,8 +21,8 @@ from typing import Any
 from dskbench.execution import gpu_lock
 
 MEMORY_WAIT_S = 300.0  # the longest a case short of memory beside builders waits for them to free it
-# GPU memory outside this process's pool that no wait frees: CUDA contexts (its own, about 0.5 GiB on
-# Hopper; those of other processes on the GPU, 1 GiB each with torch's state). A case that lacks no more
+# GPU memory outside this process's pool that no wait frees: CUDA contexts (its own, 0.75 GiB in a worker
+# on an H100; another process's, 1 GiB with torch's state). A case that lacks no more
 # than others hold beyond this is too large here: without it, a 32 GiB allocation 1.6 GiB short waited
 # the full limit for contexts that are never freed.
 CONTEXTS_BYTES = 2 * 2**30
