@@ -14,7 +14,7 @@ os.environ.setdefault("DSKBENCH_EXTRA_ADAPTERS", EXTRA)
 
 import tests.fake_adapters  # noqa: E402,F401 - registers the fakes here whatever the variable held
 import tests.fake_build_adapters  # noqa: E402,F401
-from dskbench.execution import build_ahead, gpu_lock, warm  # noqa: E402
+from dskbench.execution import build_ahead, gpu_lock, warm, warm_report  # noqa: E402
 from dskbench.execution.runner import SweepOptions, plan_sweep, run_sweep  # noqa: E402
 from dskbench.frontends import cli  # noqa: E402
 from dskbench.results.io import iter_records  # noqa: E402
@@ -299,7 +299,7 @@ def _warm_fakes(tmp_path, monkeypatch, memory, **opts):
     options = SweepOptions(device="cpu", profile="cpu", seed=0, measure_ceilings=False, **opts)
     times = {("fake_slow_build", "fake"): 600.0}
     results = warm.run_warm(items, options, 2, build_s=times, memory=memory, device=DeviceInfo("cpu"))
-    return {r.kernel: r for r in results}, warm.summary_lines(results, 1.0, 2)
+    return {r.kernel: r for r in results}, warm_report.summary_lines(results, 1.0, 2)
 
 
 def test_warm_defers_a_build_recorded_past_its_limit_and_makes_it_without_one(tmp_path, monkeypatch):

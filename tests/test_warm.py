@@ -305,3 +305,36 @@ def test_cheap_neighbouring_units_share_a_process_and_a_long_build_keeps_its_own
     assert [[it.index for it in u] for u in out] == [[0, 1, 2], [3], [4, 5], [it.index for it in full], [40]]
     assert [it for u in out for it in u] == [it for u in units for it in u]  # plan order kept
     assert warm.packed(units, {}, size=3)[0] == [*a, *b]
+
+
+def test_a_build_out_of_memory_beside_the_others_is_built_again_at_the_end_alone(monkeypatch):
+    """Seen on an H100 with 14 builds sharing the GPU: three ran out of memory twice while the others
+    held theirs, and the sweep's builder then built them beside the measuring. Once the pool is done,
+    such a build runs again in a pool of one, with the GPU to itself; other failures are not retried."""
+    from tests.test_shard import _item
+
+    items = [_item(0, "k_big", 1), _item(1, "k_ok", 1), _item(2, "k_wrong", 1)]
+    pools: list[tuple[int, list[str]]] = []
+    oom = "out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate 14.00 GiB."
+
+    def pool(todo, _opts, jobs, record, *_rest):
+        pools.append((jobs, [it.kernel for it in todo]))
+        first = len(pools) == 1
+
+        def run() -> None:
+            for it in todo:
+                bad = {
+                    "k_big": {"status": "error", "reason": oom},
+                    "k_wrong": {"status": "wrong", "reason": "x"},
+                }
+                record(it, bad.get(it.kernel, {"status": "ok"}) if first else {"status": "ok"})
+
+        return type("P", (), {"run": staticmethod(run)})()
+
+    monkeypatch.setattr(warm, "warm_pool", pool)
+    got = warm.run_warm(items, SweepOptions(device="cpu"), jobs=3)
+    assert pools == [(3, ["k_big", "k_ok", "k_wrong"]), (1, ["k_big"])]
+    assert [r.status for r in got] == ["ok", "ok", "wrong"]
+    pools.clear()
+    warm.run_warm(items, SweepOptions(device="cpu"), jobs=1)  # alone already: no second pass
+    assert pools == [(1, ["k_big", "k_ok", "k_wrong"])]

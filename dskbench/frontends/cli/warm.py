@@ -110,7 +110,8 @@ def warm_profile(device: str, quick: bool) -> str:
 def _warm(args: argparse.Namespace) -> int:
     from dskbench.execution.config import RunConfig
     from dskbench.execution.items import DEFAULT_TP, SweepOptions
-    from dskbench.execution.warm import default_jobs, warm
+    from dskbench.execution.warm import default_jobs
+    from dskbench.execution.warm_report import warm
 
     device, note = common.device_choice(args.device)
     if note:
