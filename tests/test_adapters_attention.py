@@ -312,3 +312,21 @@ def test_backends_declared(kernel):
     if kernel == "xqa_batch_decode_with_kv_cache_mla":
         assert cls.backends[0].requires.sm == (120, 121)
     assert cls.ops and all(SHAPES.ops[op].roles.get(cls.role) for op in cls.ops)
+
+
+def test_mla_decode_reference_batches_requests_of_one_length_without_changing_them(monkeypatch):
+    """Requests are computed together by length, in chunks of cache rows; each still attends over its
+    own pages only: the result is the one-request-at-a-time formula's."""
+    from dskbench.adapters.attention import mla_decode
+
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(5, 4, 576, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(6 * 128, 576, generator=gen).to(torch.bfloat16)
+    pages = torch.tensor([[0, 3], [1, 5], [2, 4], [5, 0], [4, 1]], dtype=torch.int32)
+    lens = torch.tensor([200, 130, 200, 7, 200], dtype=torch.int32)  # three of one length, two others
+    monkeypatch.setattr(mla_decode, "REFERENCE_ROWS", 450)  # chunks of two 200-token requests
+    got = mla_decode.mla_decode_reference(q, kv, pages, lens, 0.07, 64)
+    for i, n in enumerate(lens.tolist()):
+        rows = kv[mla_decode.token_slots(pages[i], n)].double()
+        p = torch.softmax((q[i].double() @ rows.T) * 0.07, dim=-1)
+        assert torch.allclose(got[i].double(), p @ rows[:, :512], rtol=1e-5, atol=1e-6), i
