@@ -330,3 +330,14 @@ def test_mla_decode_reference_batches_requests_of_one_length_without_changing_th
         rows = kv[mla_decode.token_slots(pages[i], n)].double()
         p = torch.softmax((q[i].double() @ rows.T) * 0.07, dim=-1)
         assert torch.allclose(got[i].double(), p @ rows[:, :512], rtol=1e-5, atol=1e-6), i
+
+
+def test_token_indices_of_equal_and_unequal_lengths_are_each_request_s_slots_in_order():
+    from dskbench.adapters.attention.mla_decode import token_indices, token_slots
+
+    pages = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    for lens in ([200, 200], [200, 7]):
+        seq = torch.tensor(lens, dtype=torch.int32)
+        indptr, idx = token_indices({"page_table": pages, "seq_lens": seq}, torch.int32)
+        want = torch.cat([token_slots(pages[i], n) for i, n in enumerate(lens)]).to(torch.int32)
+        assert torch.equal(idx, want) and indptr.tolist() == [0, lens[0], sum(lens)]

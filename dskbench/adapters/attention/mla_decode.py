@@ -78,7 +78,11 @@ def sub_pages(page_table: torch.Tensor, sub: int) -> torch.Tensor:
 def token_indices(inputs: dict[str, Any], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(kv_indptr int32 [B+1], kv_indices [sum L]) for page size 1, as SGLang builds them."""
     pt, lens = inputs["page_table"], inputs["seq_lens"]
-    idx = torch.cat([token_slots(pt[i], n) for i, n in enumerate(lens.tolist())]).to(dtype)
+    n = lens.tolist()
+    if len(set(n)) == 1:  # every request of one length (the sweep's): one gather, not one per request
+        idx = token_slots(pt, n[0]).flatten().to(dtype)
+    else:
+        idx = torch.cat([token_slots(pt[i], k) for i, k in enumerate(n)]).to(dtype)
     indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=lens.device)
     indptr[1:] = torch.cumsum(lens, 0)
     return indptr, idx
