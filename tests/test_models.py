@@ -145,7 +145,7 @@ def test_the_repro_of_a_model_selected_case_needs_no_model():
 
 def test_warm_takes_the_model(monkeypatch):
     seen = []
-    monkeypatch.setattr("dskbench.execution.warm.warm", lambda items, *a, **k: seen.extend(items))
+    monkeypatch.setattr("dskbench.execution.warm_report.warm", lambda items, *a, **k: seen.extend(items))
     assert cli.main(["warm", "--device", "cpu", "--model", "deepseek-v3.2"]) == 0
     assert seen and {it.case["op"] for it in seen} == V32_OPS
 
