@@ -97,8 +97,9 @@ def test_the_references_use_tf32_only_where_their_operands_are_bf16(monkeypatch)
 
     used: list[str] = []
     for module in (mha_prefill, mla_decode, reference):
-        monkeypatch.setattr(module, "tf32_for_exact_operands", lambda: used.append("tf32") or nullcontext())
-        monkeypatch.setattr(module, "exact_fp32_matmul", lambda: used.append("ieee") or nullcontext())
+        monkeypatch.setattr(
+            module, "fp32_matmul", lambda tf32: used.append("tf32" if tf32 else "ieee") or nullcontext()
+        )
     gen = torch.Generator().manual_seed(1)
     for dtype in (torch.bfloat16, torch.float32):
         q = torch.randn(1, 2, 576, generator=gen).to(dtype)

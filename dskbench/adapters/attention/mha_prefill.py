@@ -13,12 +13,7 @@ import torch
 from dskbench.adapters.attention.mla import case_softmax_scale
 from dskbench.adapters.base import Adapter, Traffic
 from dskbench.adapters.common.inputs import generator, randn
-from dskbench.adapters.common.matmul_precision import (
-    exact_fp32_matmul,
-    exact_in_tf32,
-    matmul_split_tf32,
-    tf32_for_exact_operands,
-)
+from dskbench.adapters.common.matmul_precision import exact_in_tf32, fp32_matmul, matmul_split_tf32
 from dskbench.shapes.cases import Case
 
 PREFILL_SEQ_LEN = 4096  # longest request in a prefill step
@@ -46,7 +41,7 @@ def mha_causal_reference(
         for h0 in range(0, nh, hc):
             hs = slice(h0, min(nh, h0 + hc))
             qh, kh, vh = (x[sl, hs].float().transpose(0, 1) for x in (q, k, v))
-            with tf32_for_exact_operands() if tf32 else exact_fp32_matmul():
+            with fp32_matmul(tf32):
                 scores = (qh @ kh.transpose(1, 2)) * scale
             p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
             out[sl, hs] = (matmul_split_tf32(p, vh) if tf32 else p @ vh).transpose(0, 1)

@@ -16,12 +16,7 @@ import torch
 from dskbench.adapters.attention.mla import case_softmax_scale
 from dskbench.adapters.base import Adapter, Traffic
 from dskbench.adapters.common.inputs import generator, normal
-from dskbench.adapters.common.matmul_precision import (
-    exact_fp32_matmul,
-    exact_in_tf32,
-    matmul_split_tf32,
-    tf32_for_exact_operands,
-)
+from dskbench.adapters.common.matmul_precision import exact_in_tf32, fp32_matmul, matmul_split_tf32
 from dskbench.shapes.cases import Case
 
 PAGE = 128  # page granularity of the shared decode cache (lcm of the backends' page sizes 1, 64, 128)
@@ -54,7 +49,7 @@ def mla_decode_reference(
         for c in range(0, len(same), step):
             reqs = torch.tensor(same[c : c + step], dtype=torch.long, device=q.device)
             rows = kv_cache[token_slots(page_table[reqs], length)].float()  # [requests, L, 576]
-            with tf32_for_exact_operands() if tf32 else exact_fp32_matmul():
+            with fp32_matmul(tf32):
                 p = torch.softmax((q[reqs].float() @ rows.transpose(1, 2)) * scale, dim=-1)
             out[reqs] = matmul_split_tf32(p, rows[..., :dv]) if tf32 else p @ rows[..., :dv]
     return out

@@ -48,6 +48,12 @@ def exact_fp32_matmul() -> AbstractContextManager[None]:
     return _cuda_fp32_matmul(False)
 
 
+def fp32_matmul(tf32: bool) -> AbstractContextManager[None]:
+    """tf32_for_exact_operands when the operands are exact in TF32 (`tf32`, exact_in_tf32's answer), else
+    exact_fp32_matmul."""
+    return _cuda_fp32_matmul(tf32)
+
+
 # Types whose every value TF32 holds exactly (at most 10 explicit mantissa bits; INT8's integers to 127).
 _EXACT_IN_TF32 = {torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8}
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from dskbench.adapters.common import fp8
-from dskbench.adapters.common.matmul_precision import exact_fp32_matmul, tf32_for_exact_operands
+from dskbench.adapters.common.matmul_precision import fp32_matmul
 from dskbench.adapters.moe.inputs import GROUP, ExpertWeights
 
 # Storage groups (one expert each on a GPU) whose fp32 weights grouped_gemm_reference holds at once:
@@ -75,7 +75,7 @@ def moe_gemm_reference(
     for experts in share_groups(used_experts(offsets), weights):
         slots = group_rows(order, offsets, experts)
         rows = slots // k if gate_up else slots
-        with tf32_for_exact_operands() if tf32 else exact_fp32_matmul():
+        with fp32_matmul(tf32):
             out[slots] = a[rows] @ weights.dequant(experts[0], {}).t()
     if gate_up:
         return out
