@@ -14,7 +14,7 @@ from typing import Any
 from dskbench.adapters import get_adapter
 from dskbench.adapters.backends import Backend, Unavailable, resolve
 from dskbench.device.info import DeviceInfo
-from dskbench.execution import gpu_lock, shared_gpu
+from dskbench.execution import gpu_lock, runtimes, shared_gpu
 from dskbench.execution.gate import why_not
 from dskbench.execution.items import PlanError, SweepOptions, WorkItem, case_seed
 from dskbench.execution.reference_cache import REFERENCES
@@ -79,16 +79,17 @@ def prepare_case(
     reason = why_not(adapter, backend, case, device)  # the plan's rule, asked again where the case runs
     if reason:
         return {**base, "status": "skipped", "reason": reason}, None
+    dev = "cuda" if device.kind == "cuda" else "cpu"
     t_resolve = time.perf_counter()
     try:
         resolved = resolve(backend)
     except Unavailable as e:
         return {**base, "status": "skipped", "reason": str(e)}, None
+    runtimes.start(backend.kind, dev)  # once per process: a runtime's start is not the kernel's launch
     stages: dict[str, float] = {"resolve_s": round(time.perf_counter() - t_resolve, 4)}
     base["backend"] = backend_block(backend, resolved)
     traffic = adapter.traffic_for(backend.name, case)
     base["traffic"] = Traffic(traffic.bytes, traffic.flops, traffic.compute, traffic.note).to_json()
-    dev = "cuda" if device.kind == "cuda" else "cpu"
     t = time.perf_counter()
     stages["setup_s"] = round(t - t_begin - stages["resolve_s"], 4)
 
