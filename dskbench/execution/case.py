@@ -61,11 +61,9 @@ def prepare_case(
     kernel: str, case: Case, backend_name: str, device: DeviceInfo, seed: int, check: bool = True
 ) -> tuple[dict[str, Any], Prepared | None]:
     """Gate, resolve, build inputs, run once and check against the reference (`check` False: run once
-    only, as a JIT warm-up does; nothing it returns is timed).
-
-    Returns the record fields so far and a Prepared case; None when the fields already say why the
-    case stops here (status skipped or wrong). Exceptions propagate (the caller records them).
-    """
+    only, as a JIT warm-up does; nothing it returns is timed). Returns the record fields so far and a
+    Prepared case; None when the fields already say why the case stops here (status skipped or wrong).
+    Exceptions propagate (the caller records them)."""
     t_begin = time.perf_counter()
     adapter = get_adapter(kernel)
     if adapter is None:

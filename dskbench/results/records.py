@@ -267,15 +267,11 @@ class Stages(Part):
     other_s what no stage accounts for."""
 
     setup_s: float | None = _optional("look up the adapter and backend, gate the case, its traffic model")
-    resolve_s: float | None = _optional(
-        "import and look up the backend's callable (a process's first case of a kind also starts its runtime)"
-    )
+    resolve_s: float | None = _optional("import the backend (and, once a process, its kind's runtime)")
     inputs_s: float | None = _optional("build the inputs (make_inputs)")
     reference_s: float | None = _optional("run the torch reference")
     bind_s: float | None = _optional("bind the backend to the inputs")
-    first_launch_s: float | None = _optional(
-        "the first launch: the kernel's binary loads (JIT compilation and autotuning land here)"
-    )
+    first_launch_s: float | None = _optional("the first launch (its binary's load; JIT builds, autotuning)")
     check_s: float | None = _optional("compare the output with the reference")
     warmup_s: float | None = _optional("warm-up launches before anything is timed")
     prepare_s: float | None = _optional("launch-count calibration and CUDA graph capture")
