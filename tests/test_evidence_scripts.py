@@ -430,3 +430,25 @@ def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path):
             )
     assert probe.seeds_from(path) == {case_id: 100 + n for n, case_id in enumerate(ids)}
     assert probe.seeds_from(None) == {}
+
+
+def test_first_launch_probe_cases_exist_and_it_needs_a_gpu(capsys):
+    """The first-launch probe's cases are cases of the shapes file, and on a machine without a GPU it says
+    so in one line and exits 2."""
+    import importlib.util
+
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    spec = importlib.util.spec_from_file_location("first_launch_probe", EVIDENCE / "first_launch_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    shapes, registry = default_shapes(), load_registry()
+    for kernel, op, phase, point, backend in probe.CASES:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        assert case is not None, why
+    if __import__("torch").cuda.is_available():
+        return
+    assert probe.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
