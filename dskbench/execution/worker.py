@@ -48,6 +48,7 @@ def main(argv: list[str]) -> int:
     from dskbench.execution.case import free_memory, run_one
     from dskbench.execution.items import SweepOptions, WorkItem
 
+    heap.defer_full_collections()
     items = [WorkItem(**i) for i in plan["items"]]
     todo = plan.get("todo")
     if todo is None:
