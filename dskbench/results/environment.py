@@ -15,6 +15,7 @@ from typing import Any
 from dskbench import __version__, paths
 from dskbench.adapters.backends import package_version
 from dskbench.device.info import DeviceInfo
+from dskbench.results.source_tree import tree_id
 
 # Distributions whose versions decide what a kernel measurement means.
 TRACKED_PACKAGES = (
@@ -105,6 +106,8 @@ def git_state() -> dict[str, Any]:
         # better than the copy's git, whose .git may be stale: every later tree would read as an old
         # commit, "dirty". Keep what git said, next to it.
         state = {"commit": given, "dirty": None, "source": "DSKBENCH_GIT_COMMIT", "git_said": state}
+    # the code itself, whatever git says: `git rev-parse COMMIT:dskbench` gives the same id for its commit
+    state["source_tree"] = tree_id(paths.REPO_ROOT / "dskbench")
     return state
 
 

@@ -315,7 +315,7 @@ class Environment(Part):
     versions: dict[str, Any] = _required("package -> version (null: not installed)")
     host: str | None = _optional("host name")
     platform: str | None = _optional("OS")
-    git: dict[str, Any] | None = _optional("commit, dirty")
+    git: dict[str, Any] | None = _optional("commit, dirty, source_tree (the package's git tree id)")
     multicast: dict[str, Any] | None = _optional("NVLink multicast: env, off")
     ceilings: dict[str, Any] | None = _optional("measured ceilings and launch_gap (null on CPU)")
     settings: dict[str, Any] | None = _optional("the sweep options")
