@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dskbench.analysis.verdict import Stat
+from dskbench.measure.batch_spans import early_starts
 from dskbench.results.access import part_of
 from dskbench.results.io import ResultsError, Run, is_results_file, read_runs
 from dskbench.results.records import Timing
@@ -158,6 +159,7 @@ def aggregate(stats: Sequence[Stat]) -> Stat:
         runs=runs,
         reason=reason[:200],
         disagree=next((s.disagree for s in reversed(ok) if s.disagree), ""),
+        early=sum(s.early for s in ok),
     )
 
 
@@ -203,6 +205,7 @@ def stat_from_record(rec: Mapping[str, Any], commit: str = "") -> Stat:
         p10=t.p10_us,
         p90=t.p90_us,
         gap_us=float(gap) if isinstance(gap, int | float) and math.isfinite(gap) else 0.0,
+        early=early_starts(t.notes or ()),
     )
 
 

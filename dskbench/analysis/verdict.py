@@ -67,6 +67,7 @@ class Stat:
     gap_us: float = 0.0
     runs: tuple[tuple[float, float | None], ...] = ()  # (raw median, raw p10) per run, oldest first
     disagree: str = ""  # its second timer read it outside the normal band: why (dskbench.measure.cross_check)
+    early: int = 0  # samples that began during their flush (programmatic dependent launch; batch_spans)
 
     @property
     def n_runs(self) -> int:
@@ -165,6 +166,8 @@ def judge(
     notes = []
     if new.throttled or old.throttled:
         notes.append("throttled " + ("new" if new.throttled else "old") + " run")
+    if bool(new.early) != bool(old.early):  # a kernel that began during its flush on one side only
+        notes.append("started during its flush in the " + ("new" if new.early else "old") + " run only")
     if abs(worse) <= threshold:
         return Verdict("same", change, shift, statistic, floor, note="; ".join(notes))
     if floor is None:

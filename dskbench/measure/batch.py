@@ -27,6 +27,7 @@ import torch
 
 from dskbench.measure import cross_check, nvml
 from dskbench.measure.batch_spans import (
+    EARLY_NOTE,
     JITTER_NS,
     MARKER,
     ChunkMismatch,
@@ -329,9 +330,7 @@ def batch_note(batch_no: int, index: int, size: int) -> str:
 def _early_note(c: BatchCase) -> list[str]:
     if not c.early:
         return []
-    return [
-        f"{c.early} samples started before the flush ended (programmatic dependent launch): counted from its end"
-    ]
+    return [EARLY_NOTE.format(n=c.early)]
 
 
 def _estimate(cases: dict[int, BatchCase]) -> None:

@@ -10,6 +10,7 @@ subtracted from anything. A chunk whose flush count differs from the groups queu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,21 @@ MARKER = "FillFunctor<c10::complex<float>"  # the flush's kernel: zero_ of a com
 PROFILER_NAMES = ("Activity Buffer", "Buffer Request", "cudaProfiler")
 
 Activity = tuple[str, int, int]  # (name, start_ns, end_ns) of one device activity
+# A record's note when some of its samples began while their flush still ran (programmatic dependent
+# launch): such a sample counts from the flush's end, and the kernel read that way can be shorter.
+EARLY_NOTE = (
+    "{n} samples started before the flush ended (programmatic dependent launch): counted from its end"
+)
+_EARLY = re.compile(r"^(\d+) samples started before the flush ended")
+
+
+def early_starts(notes: Iterable[object]) -> int:
+    """How many samples a record's notes say began during their flush (0: none, or not batched)."""
+    for note in notes:
+        m = _EARLY.match(str(note))
+        if m:
+            return int(m.group(1))
+    return 0
 
 
 @dataclass(frozen=True)
