@@ -113,6 +113,7 @@ def test_git_state_records_the_commit_and_a_launcher_given_one(monkeypatch):
         "dirty": None,
         "source": "DSKBENCH_GIT_COMMIT",
         "git_said": {"commit": None, "dirty": None},
+        "source_tree": state["source_tree"],  # the files' own id: known without git
     }
     # a copied tree whose .git is stale: the launcher's commit wins, git's answer is kept beside it
     got = env.git_state()
