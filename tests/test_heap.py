@@ -7,6 +7,8 @@ import gc
 import importlib
 import sys
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from dskbench.execution import heap
 
@@ -40,10 +42,10 @@ def _many_containers() -> list[list[int]]:
     return [[n] for n in range(len(gc.get_objects()) + 300_000)]
 
 
-def test_deferred_full_collections_run_only_when_asked():
-    """With full collections deferred, many long-lived new objects (a new backend's imports) start no full
-    collection on their own; young ones go on, and an explicit collect (the worker's clean-up) still walks
-    them all."""
+@contextmanager
+def _collections_seen() -> Iterator[tuple[list[int], tuple[int, int, int]]]:
+    """The generation of each collection that starts inside the block, and the thresholds before it
+    (restored after it, with the callback removed)."""
     saved = gc.get_threshold()
     generations: list[int] = []
 
@@ -54,6 +56,17 @@ def test_deferred_full_collections_run_only_when_asked():
     gc.collect()
     gc.callbacks.append(seen)
     try:
+        yield generations, saved
+    finally:
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*saved)
+
+
+def test_deferred_full_collections_run_only_when_asked():
+    """With full collections deferred, many long-lived new objects (a new backend's imports) start no full
+    collection on their own; young ones go on, and an explicit collect (the worker's clean-up) still walks
+    them all."""
+    with _collections_seen() as (generations, saved):
         heap.defer_full_collections()
         assert gc.get_threshold()[:2] == saved[:2] and gc.get_threshold()[2] == heap.DEFERRED_FULL
         kept = _many_containers()  # long-lived: each young collection promotes them
@@ -61,27 +74,12 @@ def test_deferred_full_collections_run_only_when_asked():
         gc.collect()
         assert generations[-1] == 2  # the clean-up's own full collection
         del kept
-    finally:
-        gc.callbacks.remove(seen)
-        gc.set_threshold(*saved)
 
 
 def test_without_the_deferral_the_same_objects_start_a_full_collection():
     """The test above can fail: with the default thresholds the same allocations do start full collections."""
-    saved = gc.get_threshold()
-    generations: list[int] = []
-
-    def seen(phase: str, info: dict) -> None:
-        if phase == "start":
-            generations.append(info["generation"])
-
-    gc.collect()
-    gc.set_threshold(700, 10, 10)  # CPython's defaults
-    gc.callbacks.append(seen)
-    try:
+    with _collections_seen() as (generations, _):
+        gc.set_threshold(700, 10, 10)  # CPython's defaults
         kept = _many_containers()
         assert 2 in generations
         del kept
-    finally:
-        gc.callbacks.remove(seen)
-        gc.set_threshold(*saved)
