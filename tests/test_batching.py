@@ -39,20 +39,6 @@ def test_a_kernel_started_before_its_flush_ended_is_counted_from_the_flush_end()
     assert g.span_ns == 1_000 and g.early_ns == 200
 
 
-def test_a_fenced_flush_leaves_its_copy_out_of_the_span_and_starts_it_after_the_copy():
-    fence = "Memcpy DtoD (Device -> Device)"
-    acts = [(F, 0, 30_000), (fence, 30_400, 31_400), ("k", 31_900, 33_000), ("copy in k", 33_100, 33_400)]
-    (g,) = split_groups(acts, 1, fenced=True)
-    assert g.span_ns == 1_500 and g.activities == 2 and g.early_ns == 0 and g.flush_ns == 30_000
-    # a kernel still starting before the fence ended would be counted from the fence's end
-    (g,) = split_groups([(F, 0, 30_000), (fence, 30_100, 30_600), ("k", 30_500, 31_000)], 1, fenced=True)
-    assert g.span_ns == 400 and g.early_ns == 100
-    # unfenced, the same copy would be part of the case; fenced, a group without its copy does not add up
-    assert split_groups(acts, 1)[0].span_ns == 3_000
-    with pytest.raises(ChunkMismatch, match="no fence after flush 0"):
-        split_groups([(F, 0, 30_000), ("k", 30_500, 31_000)], 1, fenced=True)
-
-
 def test_a_group_with_nothing_of_its_own_and_a_chunk_that_does_not_add_up():
     assert split_groups([(F, 0, 10), (F, 20, 30), ("k", 31, 40)], 2) == [
         None,
@@ -257,17 +243,3 @@ def test_a_batch_is_timed_with_the_runs_calibrated_gap(monkeypatch):
     s = batching.Batcher(DeviceInfo("cuda", "GPU", 90, 1), opts, ceilings).settings()
     assert s.launch_gap_us == {"cold": 0.4, "batch_cold": 0.37}
     assert batching.Batcher(DeviceInfo("cuda", "GPU", 90, 1), opts, None).settings().launch_gap_us is None
-
-
-@pytest.mark.parametrize("flush, batched", [("write", True), ("write-fenced", True), ("read", False)])
-def test_both_write_flushes_are_batched_and_the_read_flush_is_timed_case_by_case(monkeypatch, flush, batched):
-    import types
-
-    from dskbench.execution.items import SweepOptions
-    from dskbench.measure import batch
-    from tests.fake_batch import REAL_ELIGIBLE as eligible  # other tests here patch batching's
-
-    monkeypatch.setattr(batch, "cupti_available", lambda: True)
-    prep = types.SimpleNamespace(device="cuda", backend=types.SimpleNamespace(capturable=True))
-    assert eligible(SweepOptions(device="cuda", flush=flush), prep) is batched
-    assert not eligible(SweepOptions(device="cuda", flush=flush, mode="hot"), prep)

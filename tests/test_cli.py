@@ -364,18 +364,6 @@ def test_good_numeric_options_parse():
     assert (p.batch, p.tp, p.kv_len) == ((1, 64), 8, 4096)
 
 
-def test_the_fenced_flush_is_an_option_of_run_and_fidelity_and_a_wrong_kind_a_one_line_error(capsys):
-    parser = cli.build_parser()
-    assert parser.parse_args(["run", "--flush", "write-fenced"]).flush == "write-fenced"
-    assert (
-        parser.parse_args(["fidelity", "--out", "f.json", "--flush", "write-fenced"]).flush == "write-fenced"
-    )
-    assert parser.parse_args(["fidelity", "--out", "f.json"]).flush == "write"
-    args = ["run", "--flush", "evict", "--device", "cpu", "--kernel", "rmsnorm", "--dry-run"]
-    err = _one_line_error(cli.main(args), capsys.readouterr().err)
-    assert "argument --flush: invalid choice: 'evict'" in err and "'write-fenced'" in err
-
-
 def test_a_tp_the_sweep_lacks_is_an_error_naming_the_sweep(capsys):
     err = _one_line_error(
         cli.main(["run", "--device", "cpu", "--kernel", "rmsnorm", "--tp", "1,3", "--dry-run"]),

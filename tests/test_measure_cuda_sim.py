@@ -27,7 +27,6 @@ FLUSH_US = 40.0
 HOST_LAUNCH_US = 8.0  # python + driver cost of one launch on the host (more than the kernel!)
 GRAPH_LAUNCH_HOST_US = 4.0
 GRAPH_START_DEVICE_US = 0.5  # device-side cost of starting a graph replay
-FENCE_US = 1.2  # the fenced flush's 4-byte copy
 SLEEP_CYCLES_PER_US = 1500.0
 
 
@@ -38,7 +37,6 @@ class Sim:
         self.capturing: list | None = None
         self.l2_cold = True
         self.launched: list = []  # set index of each kernel the device executed
-        self.ran: list[str] = []  # kind of each op the device executed, in order
         self.rng = random.Random(seed)
         self.jitter = jitter
 
@@ -54,7 +52,6 @@ class Sim:
     def run(self, op: tuple, t_enq: float) -> None:
         start = max(self.dev, t_enq)
         kind = op[0]
-        self.ran.append(kind)
         if kind == "event":
             op[1].t = start
             self.dev = start
@@ -67,8 +64,6 @@ class Sim:
             self.dev = start + self.j(KERNEL_US) + (COLD_EXTRA_US if self.l2_cold else 0.0)
             self.l2_cold = False
             self.launched.append(op[1])
-        elif kind == "fence":  # a device copy: takes time, leaves L2 as the flush left it
-            self.dev = start + FENCE_US
         elif kind == "graph_start":
             self.dev = start + GRAPH_START_DEVICE_US
 
@@ -293,10 +288,7 @@ def test_calibration_pairs_each_op_and_mode_with_its_reference(sim: Sim, monkeyp
     short = {"hot": 0.2, "cold": 0.4}
     seen = []
 
-    fences = []
-
-    def fake_profile(jobs, flush, fence=None):
-        fences.append(fence)
+    def fake_profile(jobs, flush):
         seen.extend((len(j.launchers), j.cold) for j in jobs)
         out = []
         for j in jobs:
@@ -325,16 +317,6 @@ def test_calibration_pairs_each_op_and_mode_with_its_reference(sim: Sim, monkeyp
     m = measure(launchers(sim, 1), mode="cold", settings=tuned)
     assert m.launch_gap_us == pytest.approx(cal["cold_us"])
     assert m.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US - 0.4, abs=0.15)  # agrees with "CUPTI"
-    assert fences == [None] and cal["flush_kind"] == "write"
-    # a fenced sweep's gaps are calibrated behind the same fence, in the profile and in the timers
-    pair = (object(), FakeFenceTarget(sim))
-    monkeypatch.setattr(cuda_timer, "fence_pair", lambda index: pair)
-    sim.launched.clear()
-    fenced = calibrate.calibrate_launch_gap(
-        0, settings=s, ops=[("one", launchers(sim, 1))], flush_kind="write-fenced"
-    )
-    assert fences[-1] is pair and fenced["flush_kind"] == "write-fenced"
-    assert fenced["cold_us"] == pytest.approx(0.4, abs=0.15)  # the fence, like the flush, is not the kernel's
 
 
 def test_cold_samples_of_long_kernels_take_few_launches(sim: Sim, monkeypatch) -> None:
@@ -353,27 +335,3 @@ def test_a_read_flush_replaces_the_write_and_is_recorded(sim: Sim) -> None:
         measure(launchers(sim, 1), mode="cold", settings=SETTINGS.with_(flush_kind="evict"))
     hot = measure(launchers(sim, 1), mode="hot", settings=SETTINGS)
     assert hot.flush_kind is None
-
-
-class FakeFenceTarget:
-    def __init__(self, sim: Sim) -> None:
-        self.sim = sim
-
-    def copy_(self, src) -> None:
-        self.sim.host += 1.0
-        self.sim.enqueue(("fence",))
-
-
-def test_a_fenced_flush_puts_a_copy_after_every_flush_and_leaves_it_out(sim: Sim, monkeypatch) -> None:
-    monkeypatch.setattr(cuda_timer, "fence_pair", lambda index: (object(), FakeFenceTarget(sim)))
-    m = measure(launchers(sim, 1), mode="cold", settings=SETTINGS.with_(flush_kind="write-fenced"))
-    assert m.flush_kind == "write-fenced" and set(sim.flush_buf.kinds) == {"write"}
-    # the fence sits in the flushes-alone graph too, so like the flush it is subtracted
-    assert m.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US, rel=0.05)
-    assert m.flush_us == pytest.approx(FLUSH_US + FENCE_US, rel=0.02)
-    ran = sim.ran
-    assert ran.count("flush") == ran.count("fence") > 100  # every flush the device ran had its fence...
-    assert all(ran[i + 1] == "fence" for i, k in enumerate(ran) if k == "flush")  # ...right after it
-    sim.ran.clear()
-    hot = measure(launchers(sim, 1), mode="hot", settings=SETTINGS.with_(flush_kind="write-fenced"))
-    assert hot.flush_kind is None and "fence" not in sim.ran and "flush" not in sim.ran

@@ -28,7 +28,6 @@ from dskbench.execution.case import (
     with_record_time,
 )
 from dskbench.execution.items import SweepOptions, WorkItem
-from dskbench.measure.settings import WRITE_FLUSHES
 
 BATCH_CASES = 48  # cases timed together at most
 MEMORY_SHARE = 0.35  # hold cases while the allocator holds less than this share of the GPU
@@ -55,11 +54,11 @@ def timed_together(entries: list[list[Any]], settings: Any) -> list[Any]:
 
 
 def eligible(opts: SweepOptions, prep: Prepared) -> bool:
-    """Whether a prepared case may be timed in a batch: cold with a write flush, capturable, on a GPU
+    """Whether a prepared case may be timed in a batch: cold with the write flush, capturable, on a GPU
     whose profiler records kernels, under a policy that stops on noise."""
     if not opts.batch or opts.device != "cuda" or prep.device != "cuda":
         return False
-    if opts.mode != "cold" or opts.flush not in WRITE_FLUSHES or opts.stopping == "fixed":
+    if opts.mode != "cold" or opts.flush != "write" or opts.stopping == "fixed":
         return False
     if not prep.backend.capturable:
         return False

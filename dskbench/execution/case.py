@@ -359,13 +359,12 @@ def is_poisoning(message: str) -> bool:
     return any(s.lower() in message.lower() for s in POISONING_ERRORS)
 
 
-def timed_ceilings(flush_kind: str = "write") -> dict[str, Any]:
-    """This GPU's measured ceilings, with the seconds they took (a start-up cost, reported); the launch
-    gaps calibrated with the sweep's flush."""
+def timed_ceilings() -> dict[str, Any]:
+    """This GPU's measured ceilings, with the seconds they took (a start-up cost, reported)."""
     from dskbench.measure import measure_ceilings
 
     t0 = time.monotonic()
-    ceilings = measure_ceilings("cuda", flush_kind=flush_kind)
+    ceilings = measure_ceilings("cuda")
     ceilings["measured_in_s"] = round(time.monotonic() - t0, 2)
     return ceilings
 

@@ -206,7 +206,6 @@ def run(args: argparse.Namespace) -> int:
     from dskbench.device.info import DeviceInfo
     from dskbench.execution.runner import prepare_case
     from dskbench.measure import batch
-    from dskbench.measure.cuda_timer import fence_pair, queue_fence
     from dskbench.registry.load import load_registry
     from dskbench.shapes.cases import default_shapes
 
@@ -215,21 +214,17 @@ def run(args: argparse.Namespace) -> int:
         print("dskbench fidelity: needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2
     shapes, registry = default_shapes(), load_registry()
-    flush_kind = getattr(args, "flush", "write")
-    gap = core.calibrate_launch_gap(flush_kind=flush_kind)
-    our_settings = core.MeasureSettings(flush_kind=flush_kind)
+    gap = core.calibrate_launch_gap()
+    our_settings = core.MeasureSettings()
     if args.min_time is not None:
         our_settings = our_settings.with_(min_time_s=args.min_time)
     settings = core.settings_with_gap(our_settings, {"launch_gap": gap})
     print(f"launch gap: hot {gap.get('hot_us')} us, cold {gap.get('cold_us')} us", file=sys.stderr)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
-    fence = fence_pair(0) if flush_kind == "write-fenced" else None
 
     def flush() -> None:
         flush_buf.fill_(1)
-        if fence is not None:
-            queue_fence(fence)
 
     rows: list[dict[str, Any]] = []
     for kernel, op_spec, phase, point, backend in DEFAULT_CASES:
@@ -293,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "environment": environment(device),
-        "settings": {"min_time_s": our_settings.min_time_s, "flush": flush_kind},
+        "settings": {"min_time_s": our_settings.min_time_s},
         "launch_gap": gap,
         "rows": rows,
     }

@@ -65,7 +65,7 @@ class SweepOptions:
     profile: str = "full"  # full | quick | cpu
     tp: tuple[int, ...] = DEFAULT_TP  # of these, a profile measures the degrees it sweeps
     mode: str = "cold"
-    flush: str = "write"  # cold mode's L2 flush: one of MeasureSettings.flush_kind's FLUSH_KINDS
+    flush: str = "write"  # cold mode's L2 flush: "write" (zero_) or "read" (MeasureSettings.flush_kind)
     seed: int | None = None  # None: fresh inputs every run
     isolate: bool = True
     budget_s: float | None = None  # per-case time budget override

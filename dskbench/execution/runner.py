@@ -149,19 +149,19 @@ def _backend_selected(b: Backend, wanted: list[str] | None, device: str) -> bool
 # -- the sweep -------------------------------------------------------------------------------------------
 
 
-def ceilings_for_workers(isolate: bool, flush_kind: str = "write") -> dict[str, Any] | None:
+def ceilings_for_workers(isolate: bool) -> dict[str, Any] | None:
     """The GPU's measured ceilings. When the cases run in workers they are measured in a process of their
     own: measured here, they would leave this process a CUDA context, about 1 GiB of the GPU that the
     largest cases then lack, for the whole run (and a case short of memory would count it as memory
     another process might free). An in-process run measures them itself."""
     if not isolate:
-        return timed_ceilings(flush_kind)
+        return timed_ceilings()
     from dskbench.execution.shard import ShardError, probe_gpus, visible_gpus
 
     try:
-        return probe_gpus(visible_gpus(1), "cuda", True, flush_kind)[0]["ceilings"]
+        return probe_gpus(visible_gpus(1), "cuda", True)[0]["ceilings"]
     except ShardError:  # the probe could not run: measure them here, as an in-process run does
-        return timed_ceilings(flush_kind)
+        return timed_ceilings()
 
 
 def run_sweep(
@@ -193,7 +193,7 @@ def run_sweep(
         to_run = builder.items
     ceilings = None
     if device.kind == "cuda" and opts.measure_ceilings and items:
-        ceilings = ceilings_for_workers(opts.isolate, opts.flush)
+        ceilings = ceilings_for_workers(opts.isolate)
     limits = case_limits(opts, device)
     env = {
         "run_id": run_id,

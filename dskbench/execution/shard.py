@@ -212,9 +212,8 @@ def print_shards(items: Sequence[WorkItem], opts: SweepOptions) -> list[list[Wor
 # -- probing each GPU ------------------------------------------------------------------------------------
 
 
-def probe(kind: str, want_ceilings: bool, flush_kind: str = "write") -> dict[str, Any]:
-    """What one GPU's process sees: its identity, and its ceilings (measured there, for its metrics; the
-    launch gaps calibrated with the sweep's flush)."""
+def probe(kind: str, want_ceilings: bool) -> dict[str, Any]:
+    """What one GPU's process sees: its identity, and its ceilings (measured there, for its metrics)."""
     from dskbench.results.environment import device_block
 
     device = DeviceInfo.detect(kind)
@@ -222,7 +221,7 @@ def probe(kind: str, want_ceilings: bool, flush_kind: str = "write") -> dict[str
         raise ShardError(
             f"no CUDA GPU visible with CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}"
         )
-    ceilings = timed_ceilings(flush_kind) if device.kind == "cuda" and want_ceilings else None
+    ceilings = timed_ceilings() if device.kind == "cuda" and want_ceilings else None
     return {
         "device": device_block(device),
         "ceilings": ceilings,
@@ -230,14 +229,11 @@ def probe(kind: str, want_ceilings: bool, flush_kind: str = "write") -> dict[str
     }
 
 
-def probe_gpus(
-    tokens: Sequence[str], kind: str, want_ceilings: bool, flush_kind: str = "write"
-) -> list[dict[str, Any]]:
+def probe_gpus(tokens: Sequence[str], kind: str, want_ceilings: bool) -> list[dict[str, Any]]:
     """Probe every GPU at once, each in a process that sees it alone (the parent touches none)."""
 
     def one(token: str) -> dict[str, Any]:
-        want = "1" if want_ceilings else "0"
-        cmd = [sys.executable, "-m", "dskbench.execution.shard", "probe", kind, want, flush_kind]
+        cmd = [sys.executable, "-m", "dskbench.execution.shard", "probe", kind, "1" if want_ceilings else "0"]
         try:
             done = subprocess.run(
                 cmd, env=worker_env(token), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
@@ -280,8 +276,7 @@ def run_sharded(
     parse_gpus(str(n), host.count)
     tokens = visible_gpus(n)
     sharing = start_check(n, opts.device) if items else None  # before the probes measure ceilings
-    want = opts.measure_ceilings and opts.device == "cuda" and bool(items)
-    probes = probe_gpus(tokens, opts.device, want, opts.flush)
+    probes = probe_gpus(tokens, opts.device, opts.measure_ceilings and opts.device == "cuda" and bool(items))
     check_same_model(probes, tokens)
     gate = host if opts.device == "cuda" else DeviceInfo("cpu")
     to_run, copies = measure_once(items) if opts.dedupe else (items, {})
@@ -342,13 +337,11 @@ def run_sharded(
 
 
 def main(argv: list[str]) -> int:
-    """`python -m dskbench.execution.shard probe KIND WANT_CEILINGS [FLUSH]`: one GPU's identity as a PROBE
-    line."""
-    if len(argv) not in (3, 4) or argv[0] != "probe":
-        print("usage: python -m dskbench.execution.shard probe cuda|cpu 0|1 [FLUSH]", file=sys.stderr)
+    """`python -m dskbench.execution.shard probe KIND WANT_CEILINGS`: one GPU's identity as a PROBE line."""
+    if len(argv) != 3 or argv[0] != "probe":
+        print("usage: python -m dskbench.execution.shard probe cuda|cpu 0|1", file=sys.stderr)
         return 2
-    flush = argv[3] if len(argv) == 4 else "write"
-    print(PROBE_PREFIX + json.dumps(probe(argv[1], argv[2] == "1", flush), default=str), flush=True)
+    print(PROBE_PREFIX + json.dumps(probe(argv[1], argv[2] == "1"), default=str), flush=True)
     return 0
 
 

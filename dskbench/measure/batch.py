@@ -11,7 +11,7 @@ is met. The flush is in the same graph as the launch, right before it, as in the
 case sees the same cold L2. A sample is one launch (the per-case timer averages many), so a case takes
 at least MIN_SAMPLE_US of samples, and never fewer than the settings' minimum.
 
-Used for cold mode with the write flush (fenced or not) when the profiler (CUPTI through torch.profiler) works; a case
+Used for cold mode with the write flush when the profiler (CUPTI through torch.profiler) works; a case
 whose graph cannot be captured, and every case when CUPTI is missing, is timed by the per-case timers.
 """
 
@@ -36,7 +36,7 @@ from dskbench.measure.batch_spans import (
     split_groups,
 )
 from dskbench.measure.cuda import ClockReader
-from dskbench.measure.cuda_timer import fence_pair, l2_bytes, queue_fence
+from dskbench.measure.cuda_timer import l2_bytes
 from dskbench.measure.sampling import assemble, gap_for, make_stopper, subtract_gap
 from dskbench.measure.settings import Measurement, MeasureSettings
 
@@ -163,11 +163,6 @@ def _flush_graph(flush: Callable[[], None]) -> torch.cuda.CUDAGraph:
     return g
 
 
-def fenced(settings: MeasureSettings) -> bool:
-    """Whether each flush is followed by a fence (MeasureSettings.flush_kind "write-fenced")."""
-    return settings.flush_kind == "write-fenced"
-
-
 def _clock(index: int) -> cross_check.CudaClock:
     return cross_check.CudaClock(index)
 
@@ -223,12 +218,8 @@ def measure_batch(
         flush_bytes = settings.flush_bytes or 2 * l2_bytes(index)
         buf = flush_buffer(index, flush_bytes)
 
-        fence = fence_pair(index) if fenced(settings) else None
-
         def flush() -> None:
             buf.zero_()
-            if fence is not None:
-                queue_fence(fence)
 
         t_warm = time.perf_counter()
         for fns in entries:  # lazy loading, handles, workspaces: off the capture
@@ -281,7 +272,7 @@ def measure_batch(
             wall_s=(time.perf_counter() - t_start) / n,
             flush_us=flush_us,
             flush_bytes=flush_bytes,
-            flush_kind=settings.flush_kind,
+            flush_kind="write",
             clocks_before=clocks_before,
             clocks_after=clocks_after,
             clocks_during=during,
@@ -396,7 +387,7 @@ def sample_rounds(
         acts = _profile(queue)
         clocks()
         try:
-            spans = per_case(split_groups(acts, len(order), fenced(settings)), order, len(active))
+            spans = per_case(split_groups(acts, len(order)), order, len(active))
         except ChunkMismatch as e:
             misses += 1
             if misses > MAX_CHUNK_RETRIES:

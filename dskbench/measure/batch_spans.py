@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MARKER = "FillFunctor<c10::complex<float>"  # the flush's kernel: zero_ of a complex64 buffer
-FENCE = "Memcpy"  # the fence between a flush and its launch, when fenced: a device-to-device copy
 # Device activities that are the profiler's own, never a kernel's
 PROFILER_NAMES = ("Activity Buffer", "Buffer Request", "cudaProfiler")
 
@@ -66,12 +65,9 @@ def device_activities(acts: Iterable[Activity]) -> list[Activity]:
     return out
 
 
-def split_groups(acts: Sequence[Activity], n_groups: int, fenced: bool = False) -> list[GroupSpan | None]:
+def split_groups(acts: Sequence[Activity], n_groups: int) -> list[GroupSpan | None]:
     """The span of each of `n_groups` [flush, launch] groups, in order; None for a group with no activity
-    of its own. Raises ChunkMismatch when the flushes do not number `n_groups`.
-
-    `fenced`: each flush is followed by a fence (a copy: cuda_timer.fence_pair), the group's first
-    activity after its flush; it is not the case's, and the case's span starts no earlier than its end."""
+    of its own. Raises ChunkMismatch when the flushes do not number `n_groups`."""
     acts = device_activities(acts)
     marks = [i for i, a in enumerate(acts) if MARKER in a[0]]
     if len(marks) != n_groups:
@@ -81,19 +77,13 @@ def split_groups(acts: Sequence[Activity], n_groups: int, fenced: bool = False) 
         flush = acts[m]
         end = marks[k + 1] if k + 1 < len(marks) else len(acts)  # the next group's flush ends it
         own = acts[m + 1 : end]
-        floor = flush[2]
-        if fenced:
-            if not own or not own[0][0].startswith(FENCE):
-                raise ChunkMismatch(f"no fence after flush {k}")
-            floor = max(floor, own[0][2])
-            own = own[1:]
         if not own:
             out.append(None)
             continue
         # A kernel launched with programmatic dependent launch may start (and wait) before the flush
         # ends; stream order starts its work at the flush's end, so that is where its span begins.
         first = min(a[1] for a in own)
-        start = max(first, floor)
+        start = max(first, flush[2])
         last = max(a[2] for a in own)
         out.append(GroupSpan(max(0, last - start), len(own), flush[2] - flush[1], start - first))
     return out

@@ -33,8 +33,7 @@ from dskbench.measure.settings import MeasureSettings
 PREFIX = "dskbench.launch#"  # record_function name of one profiled launch
 PROFILE_ITERS = 64  # profiled launches per op and mode (a multiple of the 4 input sets)
 MIN_COVERAGE = 0.9  # share of launches a grouping must find to be trusted
-# the flush, the fence after it (when fenced), the profiler's own
-SKIP_NAMES = ("FillFunctor", "Memcpy", "Activity Buffer", "Buffer Request", "cudaProfiler")
+SKIP_NAMES = ("FillFunctor", "Activity Buffer", "Buffer Request", "cudaProfiler")  # flush, profiler
 GAP_BOUNDS_US = {
     "hot": (-0.5, 2.0),
     "cold": (-0.5, 2.0),
@@ -274,16 +273,11 @@ def kineto_tuples(
     return device, host
 
 
-def profile_launches(
-    jobs: Sequence[ProfileJob], flush: Any, fence: tuple[Any, Any] | None = None
-) -> tuple[list[list[Span]], str]:
+def profile_launches(jobs: Sequence[ProfileJob], flush: Any) -> tuple[list[list[Span]], str]:
     """CUPTI spans of every launch of every job, from one profiler session; and the grouping used.
-    `flush`: the cold-mode flush buffer (zeroed before each cold launch, outside its annotation);
-    `fence`: the fence queued after each flush (cuda_timer.fence_pair), when fenced."""
+    `flush`: the cold-mode flush buffer (zeroed before each cold launch, outside its annotation)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
-
-    from dskbench.measure.cuda_timer import queue_fence
 
     for job in jobs:  # lazy loading and handles outside the profile
         for i in range(2 * len(job.launchers)):
@@ -297,8 +291,6 @@ def profile_launches(
             for i in range(job.iters):
                 if job.cold:
                     flush.zero_()
-                    if fence is not None:
-                        queue_fence(fence)
                 label = f"{PREFIX}{j}"
                 j += 1
                 with record_function(label):
@@ -364,23 +356,18 @@ def calibrate_launch_gap(
     index: int = 0,
     settings: MeasureSettings | None = None,
     ops: Sequence[tuple[str, Sequence[Callable[[], Any]]]] | None = None,
-    flush_kind: str = "write",
 ) -> dict[str, Any]:
     """{"hot_us", "cold_us" (cuda-graph), "eager_hot_us", "eager_cold_us", "method", "grouping",
     "spread_us", "warnings", "ops": [per op and mode: ours, CUPTI, gaps], "wall_s"}. A few seconds.
-    `ops`: (name, launchers) to calibrate on instead of the built-in small elementwise ops.
-    `flush_kind` "write-fenced": the cold gaps of the fenced flush, which the launch after a fence pays
-    in place of the flush's; any other kind calibrates the write flush's."""
+    `ops`: (name, launchers) to calibrate on instead of the built-in small elementwise ops."""
     import torch
 
     from dskbench.measure.core import measure
     from dskbench.measure.cuda import flush_buffer, l2_bytes
-    from dskbench.measure.cuda_timer import fence_pair
     from dskbench.measure.sampling import MODES
 
     t0 = time.perf_counter()
-    kind = "write-fenced" if flush_kind == "write-fenced" else "write"
-    s = (settings or CAL_SETTINGS).with_(launch_gap_us=None, flush_kind=kind)
+    s = (settings or CAL_SETTINGS).with_(launch_gap_us=None)
     device = f"cuda:{index}"
     rows: list[dict[str, Any]] = []
     with torch.cuda.device(index):
@@ -388,7 +375,7 @@ def calibrate_launch_gap(
         flush = flush_buffer(index, s.flush_bytes or 2 * l2_bytes(index))
         # profile first: every later measurement (these and the run's) then follows a profiler session
         jobs = [ProfileJob(fns, mode == "cold") for _, fns in ops for mode in MODES]
-        spans, grouping = profile_launches(jobs, flush, fence_pair(index) if kind == "write-fenced" else None)
+        spans, grouping = profile_launches(jobs, flush)
         batch = _batch_medians([fns for _, fns in ops], device, s)
         for k, (name, fns) in enumerate(ops):
             for mode in MODES:
@@ -414,7 +401,6 @@ def calibrate_launch_gap(
         **summarize_gaps(rows),
         "method": "median over ops of (measure() median - CUPTI span per launch), torch.profiler in-process",
         "grouping": grouping,
-        "flush_kind": kind,
         "ops": rows,
         "wall_s": time.perf_counter() - t0,
     }

@@ -148,9 +148,7 @@ def unfit_reason(detail: Any) -> str | None:
     return "; ".join(reasons) or None
 
 
-def measure_ceilings(
-    device: str = "cuda", settings: MeasureSettings | None = None, flush_kind: str = "write"
-) -> dict[str, Any]:
+def measure_ceilings(device: str = "cuda", settings: MeasureSettings | None = None) -> dict[str, Any]:
     """{"bandwidth_gbps", "bf16_tflops", "fp8_tflops", "gpu", "sm", "copy" / "bf16_matmul" / "fp8_matmul"
     detail dicts, "launch_gap" (calibrate_launch_gap's dict)}. A ceiling that cannot be measured is
     None, its error in the detail; a failed calibration is {"error": ...} and corrects nothing."""
@@ -165,7 +163,7 @@ def measure_ceilings(
     sm = major * 10 + minor
     out: dict[str, Any] = {"gpu": torch.cuda.get_device_name(dev), "sm": sm}
     try:
-        out["launch_gap"] = calibrate_launch_gap(dev.index, flush_kind=flush_kind)
+        out["launch_gap"] = calibrate_launch_gap(dev.index)
     except Exception as e:  # the ceilings do not need it
         out["launch_gap"] = {"error": f"{type(e).__name__}: {e}"}
     torch.cuda.empty_cache()

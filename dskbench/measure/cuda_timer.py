@@ -17,7 +17,6 @@ MAX_SLEEP_US = 50_000.0
 
 _flush_buffers: dict[tuple[int, int], torch.Tensor] = {}
 _sleep_rate: dict[int, float] = {}  # torch.cuda._sleep cycles per microsecond
-_fences: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per device: a copy's source and target
 
 
 def l2_bytes(index: int) -> int:
@@ -35,27 +34,6 @@ def flush_buffer(index: int, nbytes: int) -> torch.Tensor:
         buf.fill_(1)
         _flush_buffers[key] = buf
     return buf
-
-
-def fence_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fence's source and target (allocated once per device; call outside a graph capture).
-
-    The fence is a 4-byte device-to-device copy between the flush and the launch. Why: a kernel launched
-    with programmatic dependent launch may begin while the kernel before it (the flush) still runs, by
-    an amount that differs from process to process. Only a kernel can release its dependent early;
-    after a copy the launch waits for the flush's end, in every process alike."""
-    pair = _fences.get(index)
-    if pair is None:
-        dev = f"cuda:{index}"
-        pair = (torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1, dtype=torch.int32, device=dev))
-        _fences[index] = pair
-    return pair
-
-
-def queue_fence(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Queue the fence: same dtype, contiguous, one device, so torch copies with cudaMemcpyAsync (a copy
-    node in a captured graph)."""
-    pair[1].copy_(pair[0])
 
 
 def sleep_rate(index: int) -> float:
@@ -102,8 +80,6 @@ class CudaTimer:
         self.index = index
         self.flush_buf = flush_buf
         self._flush_sink: torch.Tensor | None = None
-        fenced = self.cold and settings.flush_kind == "write-fenced"
-        self._fence = fence_pair(index) if fenced else None
         self.rate = sleep_rate(index)
         self.lead_us = 100.0  # GPU sleep ahead of each batch
         self.launches_per_sample = 1
@@ -130,8 +106,6 @@ class CudaTimer:
             torch.sum(self.flush_buf, dim=0, out=self._flush_sink)
         else:
             self.flush_buf.zero_()
-        if self._fence is not None:
-            queue_fence(self._fence)
 
     def gpu_sleep(self, us: float) -> None:
         """Queue a spinning kernel of about `us` microseconds (at most MAX_SLEEP_US)."""

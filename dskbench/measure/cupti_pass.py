@@ -44,25 +44,20 @@ def cupti_spans(
     index: int,
     flush_bytes: int | None,
     clock: Any = None,
-    fenced: bool = False,
 ) -> tuple[list[float], str]:
     """CUPTI spans (us) of a few launches, each behind the batched timer's flush (cold) or the marker
     (hot), replayed from graphs of [flush, launch] where the launch can be captured, else launched
-    eagerly; and how ("graph" or "eager"). `fenced` (cold): a fence after each flush, as the measurement
-    had (cuda_timer.fence_pair). Raises batch_spans.ChunkMismatch when the activities do not
+    eagerly; and how ("graph" or "eager"). Raises batch_spans.ChunkMismatch when the activities do not
     split into one group per launch."""
-    from dskbench.measure.cuda_timer import fence_pair, l2_bytes, queue_fence
+    from dskbench.measure.cuda_timer import l2_bytes
 
     clock = clock or CudaClock(index)
     launchers = list(launchers)[:MAX_CUPTI_LAUNCHES]  # rotate mode: many sets, each captured here
 
     buf = batch.flush_buffer(index, flush_bytes or 2 * l2_bytes(index)) if cold else marker_buffer(index)
-    fence = fence_pair(index) if cold and fenced else None
 
     def mark() -> None:
         buf.zero_()
-        if fence is not None:
-            queue_fence(fence)
 
     steps: list[Callable[[], Any]] = []
     how = "eager"
@@ -99,7 +94,7 @@ def cupti_spans(
             for i in range(n):
                 steps[i % len(steps)]()
 
-        groups = split_groups(batch._profile(queue), n, fence is not None)
+        groups = split_groups(batch._profile(queue), n)
     finally:
         for g in graphs:
             g.reset()
@@ -131,7 +126,6 @@ def per_case_check(
             index=index,
             flush_bytes=flush_bytes,
             clock=clock,
-            fenced=measured.get("flush_kind") == "write-fenced",
         )
     except ChunkMismatch as e:
         return skipped(f"CUPTI activities did not add up ({e})")

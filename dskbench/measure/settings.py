@@ -7,10 +7,6 @@ from typing import Any
 
 from dskbench.measure.stopping import DEFAULT, POLICIES
 
-# Cold mode's L2 flushes: a written buffer, a read one, and a written one fenced by a device copy.
-FLUSH_KINDS = ("write", "read", "write-fenced")
-WRITE_FLUSHES = ("write", "write-fenced")  # the flushes the batched timer and the CUPTI pass can use
-
 
 @dataclass(frozen=True)
 class MeasureSettings:
@@ -32,11 +28,7 @@ class MeasureSettings:
     # "write": zero_ the buffer (what Triton's do_bench does); "read": sum it into a scalar. A written
     # flush leaves L2 full of dirty lines whose write-back may land in the timed kernel by varying
     # amounts; a read flush avoids that but costs several times longer per flush, so "write" stays the
-    # default (results/h200x4-2026-11-21/README.md compares the two run to run). "write-fenced": the
-    # write flush, then a 4-byte device-to-device copy before the launch. A kernel launched with
-    # programmatic dependent launch (many of sgl_kernel's and FlashInfer's on Hopper) may otherwise start
-    # while the flush still runs, by an amount that differs from process to process; a copy is no
-    # kernel, so the launch after it always waits for the flush to end.
+    # default (results/h200x4-2026-11-21/README.md compares the two run to run).
     flush_kind: str = "write"
     max_graph_launches: int = 1000  # cap on launches captured in one graph (capture time, memory)
     batch_target_ms: float = 20.0  # GPU time queued between two host synchronisations
@@ -63,8 +55,8 @@ class MeasureSettings:
     cross_check: bool = False
 
     def __post_init__(self) -> None:
-        if self.flush_kind not in FLUSH_KINDS:
-            raise ValueError(f"flush_kind {self.flush_kind!r}: expected one of {', '.join(FLUSH_KINDS)}")
+        if self.flush_kind not in ("write", "read"):
+            raise ValueError(f"flush_kind {self.flush_kind!r}: expected 'write' or 'read'")
         if self.stopping not in POLICIES:
             raise ValueError(f"stopping {self.stopping!r}: expected one of {', '.join(POLICIES)}")
 
@@ -112,7 +104,7 @@ class Measurement:
     clamped: int | None = None  # samples shorter than the gap, clamped at 0 (None: no gap subtracted)
     flush_us: float | None = None  # cold: median time of one flush (excluded from the samples)
     flush_bytes: int | None = None
-    flush_kind: str | None = None  # cold: one of FLUSH_KINDS (MeasureSettings.flush_kind)
+    flush_kind: str | None = None  # cold: "write" or "read" (MeasureSettings.flush_kind)
     fallback_reason: str | None = None  # why the eager method was used, when it was
     clocks_before: dict[str, Any] | None = None
     clocks_after: dict[str, Any] | None = None

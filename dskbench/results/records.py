@@ -167,7 +167,7 @@ class Timing(Part):
     clamped: int | None = _optional("samples shorter than the launch gap, clamped at 0")
     flush_us: float | None = _always("cold: median time of one L2 flush (excluded)")
     flush_bytes: int | None = _always("cold: bytes one flush touches")
-    flush_kind: str | None = _always("cold: write, read or write-fenced (the write flush, then a device copy)")
+    flush_kind: str | None = _always("cold: write or read")
     fallback_reason: str | None = _always("why the eager method was used")
     clocks_during: dict[str, Any] | None = _always("NVML reads taken while the GPU was busy")
     notes: list[str] | None = _always("the core's remarks")

@@ -1,16 +1,13 @@
 """The two cold timers on a few cases in one process (GPU): where do they disagree, and is it the timer?
 
-    python3 scripts/evidence/timer_probe.py [--seeds-from RESULTS.jsonl[.gz]] [--flush KIND ...] > probe.log
+    python3 scripts/evidence/timer_probe.py [--seeds-from RESULTS.jsonl[.gz]] > probe.log
 
-For each flush kind (default: write, then write-fenced), the launch gap calibrated with it, then for each
-case: the per-case event timer (`dskbench.measure.measure`, 16 [flush, launch] pairs to a CUDA graph),
-the batched CUPTI timer with the case alone (a batch of one) and in a batch of all the cases, twice over;
-"early N" counts the batched samples that began before their flush ended. Then the device activities
-CUPTI sees in three replays of one [flush, launch] graph (what the batched timer replays) and in one
-graph of four pairs (like the per-case timer's), each flush followed by its fence when fenced.
-`--seeds-from` takes each case's seed from a results file's records (the same inputs as that sweep);
-without it every case uses seed 7. Edit CASES to probe others (kernel, op[:variant], phase, point,
-backend).
+For each case: the per-case event timer (`dskbench.measure.measure`, 16 [flush, launch] pairs to a CUDA
+graph), the batched CUPTI timer with the case alone (a batch of one) and in a batch of all the cases, twice
+over; then the device activities CUPTI sees in three replays of one [flush, launch] graph (what the batched
+timer replays) and in one graph of four pairs (like the per-case timer's). `--seeds-from` takes each case's
+seed from a results file's records (the same inputs as that sweep); without it every case uses seed 7.
+Edit CASES to probe others (kernel, op[:variant], phase, point, backend).
 """
 
 from __future__ import annotations
@@ -28,16 +25,6 @@ CASES = [
     ("fused_add_rmsnorm", "input_layernorm", "decode", {"T": 1}, "sgl_kernel"),
     ("rmsnorm", "input_layernorm", "decode", {"T": 64}, "sgl_kernel"),
     ("int8_scaled_mm", "o_proj", "decode", {"T": 16, "tp": 1}, "sgl_kernel"),
-    ("gelu_and_mul", "act_fn", "decode", {"T": 1, "tp": 1}, "sgl_kernel"),
-    ("silu_and_mul", "experts", "decode", {"T": 1, "tp": 1}, "sgl_kernel"),
-    ("bmm_fp8", "forward_absorb_prepare:q_nope_w_kc", "decode", {"T": 1, "tp": 8}, "sgl_kernel"),
-    (
-        "sgl_per_token_group_quant_fp8",
-        "per_token_group_quant_fp8:K2048",
-        "decode",
-        {"T": 1, "tp": 8},
-        "sgl_kernel",
-    ),
 ]
 
 
@@ -56,12 +43,9 @@ def seeds_from(path: Path | None) -> dict[str, int]:
 
 
 def show(m) -> str:
-    from dskbench.measure.batch_spans import early_starts
-
     if isinstance(m, str):
         return m
-    early = early_starts(m.notes)
-    return f"{m.median_us:8.2f} raw {m.raw_median_us:8.2f}" + (f" early {early}" if early else "")
+    return f"{m.median_us:8.2f} raw {m.raw_median_us:8.2f}"
 
 
 def activities(graph, replays: int, flush_marker: str) -> list[str]:
@@ -85,9 +69,6 @@ def activities(graph, replays: int, flush_marker: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds-from", type=Path, help="results file whose records give each case's seed")
-    ap.add_argument(
-        "--flush", nargs="+", default=["write", "write-fenced"], help="flush kinds to time with, in order"
-    )
     args = ap.parse_args()
 
     import torch
@@ -97,7 +78,6 @@ def main() -> int:
     from dskbench.execution.case import prepare_case
     from dskbench.execution.fidelity import find_case
     from dskbench.measure import batch
-    from dskbench.measure.cuda_timer import fence_pair, queue_fence
     from dskbench.registry.load import load_registry
     from dskbench.shapes.cases import default_shapes
 
@@ -107,6 +87,9 @@ def main() -> int:
         return 2
     shapes, registry = default_shapes(), load_registry()
     seeds = seeds_from(args.seeds_from)
+    gap = core.calibrate_launch_gap()
+    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    print(f"launch gap: per-case cold {gap.get('cold_us')} us, batched cold {gap.get('batch_cold_us')} us")
     preps = []
     for kernel, op, phase, point, backend in CASES:
         case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
@@ -120,42 +103,32 @@ def main() -> int:
             continue
         preps.append((case.id, prep))
         print(f"{case.id} · {backend}: seed {seed}")
-    for kind in args.flush:
-        gap = core.calibrate_launch_gap(flush_kind=kind)
-        settings = core.settings_with_gap(core.MeasureSettings(flush_kind=kind), {"launch_gap": gap})
-        print(
-            f"== flush {kind}: launch gap per-case cold {gap.get('cold_us')} us, batched {gap.get('batch_cold_us')} us"
-        )
-        for n in (1, 2):
-            print(f"== flush {kind}, pass {n}: per-case | batched alone | in a batch of {len(preps)}")
-            together = batch.measure_batch([[p.launch] for _, p in preps], device="cuda", settings=settings)
-            for (case_id, p), in_batch in zip(preps, together, strict=True):
-                per_case = core.measure(
-                    [p.launch], device="cuda", mode="cold", capturable=True, settings=settings
-                )
-                alone = batch.measure_batch([[p.launch]], device="cuda", settings=settings)[0]
-                print(f"{case_id[:60]:60s} {show(per_case)} | {show(alone)} | {show(in_batch)}")
+    for n in (1, 2):
+        print(f"== pass {n}: per-case | batched alone | in a batch of {len(preps)}")
+        together = batch.measure_batch([[p.launch] for _, p in preps], device="cuda", settings=settings)
+        for (case_id, p), in_batch in zip(preps, together, strict=True):
+            per_case = core.measure(
+                [p.launch], device="cuda", mode="cold", capturable=True, settings=settings
+            )
+            alone = batch.measure_batch([[p.launch]], device="cuda", settings=settings)[0]
+            print(f"{case_id[:60]:60s} {show(per_case)} | {show(alone)} | {show(in_batch)}")
     buf = batch.flush_buffer(0, 2 * torch.cuda.get_device_properties(0).L2_cache_size)
-    for kind in args.flush:
-        fence = fence_pair(0) if kind == "write-fenced" else None
 
-        def flush(fence=fence) -> None:
-            buf.zero_()
-            if fence is not None:
-                queue_fence(fence)
+    def flush() -> None:
+        buf.zero_()
 
-        for case_id, p in preps:
-            print(f"-- flush {kind}, {case_id}: three replays of one [flush, launch] graph")
-            print("\n".join(activities(batch._capture(p.launch, flush), 3, batch.MARKER)))
-            print("   one graph of four [flush, launch] pairs")
-            four = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(four):
-                for _ in range(4):
-                    flush()
-                    p.launch()
-            four.replay()
-            torch.cuda.synchronize()
-            print("\n".join(activities(four, 1, batch.MARKER)))
+    for case_id, p in preps:
+        print(f"-- {case_id}: three replays of one [flush, launch] graph")
+        print("\n".join(activities(batch._capture(p.launch, flush), 3, batch.MARKER)))
+        print("   one graph of four [flush, launch] pairs")
+        four = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(four):
+            for _ in range(4):
+                flush()
+                p.launch()
+        four.replay()
+        torch.cuda.synchronize()
+        print("\n".join(activities(four, 1, batch.MARKER)))
     return 0
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from dskbench.frontends.cli import args as types
 from dskbench.frontends.cli.common import need_gpu
-from dskbench.measure.settings import WRITE_FLUSHES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,12 +20,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--min-time", type=types.seconds, help="our sampling floor in seconds (default: the core's)"
-    )
-    p.add_argument(
-        "--flush",
-        choices=WRITE_FLUSHES,
-        default="write",
-        help="our timers' cold flush, as `dskbench run --flush` (default write)",
     )
 
 

@@ -14,7 +14,6 @@ from dskbench.frontends.cli import args as types
 from dskbench.frontends.cli import common
 from dskbench.frontends.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, SWEEPS, Terminated, UsageError
 from dskbench.frontends.cli.plan import plan, swept_tp
-from dskbench.measure.settings import FLUSH_KINDS
 from dskbench.measure.stopping import DEFAULT as DEFAULT_STOPPING
 from dskbench.measure.stopping import POLICIES
 
@@ -44,10 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument(
         "--flush",
-        choices=FLUSH_KINDS,
+        choices=("write", "read"),
         default="write",
-        help="how cold mode flushes L2: zero_ a 2xL2 buffer (default), read it (experiment), or zero_ it "
-        "and fence it with a device copy so that no kernel starts before the flush ends (experiment)",
+        help="how cold mode flushes L2: zero_ a 2xL2 buffer (default) or read it (experiment)",
     )
     run.add_argument(
         "--shard",
