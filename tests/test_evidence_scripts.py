@@ -452,3 +452,41 @@ def test_first_launch_probe_cases_exist_and_it_needs_a_gpu(capsys):
         return
     assert probe.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_pdl_edges_split_counts_the_verdicts_of_each_kind_of_edge_apart(tmp_path, capsys):
+    """split: compare's verdicts and the median change, counted apart for the cases flagged as following
+    the flush over a programmatic edge; on a machine without a GPU, probe says so in one line."""
+    import importlib.util
+
+    from fake_results import fake_runs, write_runs
+
+    spec = importlib.util.spec_from_file_location("pdl_edges", EVIDENCE / "pdl_edges.py")
+    pdl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pdl)
+    r1, r2, *_ = fake_runs()  # rmsnorm/sgl_kernel 25% slower in r2, silu_and_mul/flashinfer 15% faster
+    old, new = write_runs([r1], tmp_path / "old.jsonl"), write_runs([r2], tmp_path / "new.jsonl")
+    rows = [
+        {"kernel": r["kernel"], "case_id": r["case_id"], "backend": r["backend"]["name"]}
+        for r in r1.results
+        if r.get("status") == "ok"
+    ]
+    flags = tmp_path / "pdl.jsonl"
+    flags.write_text(
+        "".join(
+            json.dumps({**row, "programmatic_from_flush": int(row["kernel"] == "rmsnorm")}) + "\n"
+            for row in rows
+        )
+    )
+    assert pdl.main(["split", str(flags), str(old), "--", str(new)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    prog = next(line for line in out if line.startswith("after the flush over a programmatic edge"))
+    plain = next(line for line in out if line.startswith("after the flush over a plain edge"))
+    assert " slower, 0 faster)" in prog and "0 slower, " in plain and " faster)" in plain
+    kernels = [line for line in out if line.startswith("  verdicts by kernel")]
+    assert kernels[0].startswith("  verdicts by kernel: rmsnorm ") and "rmsnorm" not in kernels[1]
+    assert pdl.main(["split", str(flags)]) == 2  # usage
+    if __import__("torch").cuda.is_available():
+        return
+    assert pdl.main(["probe", str(old)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -1,0 +1,181 @@
+"""Which cases launch a kernel with programmatic dependent launch, and where the two cold timers part.
+
+    python3 scripts/evidence/pdl_edges.py probe RESULTS.jsonl[.gz] > pdl.jsonl      (GPU)
+    python3 scripts/evidence/pdl_edges.py split pdl.jsonl PER-CASE... -- BATCHED...   (any machine)
+
+probe: every ok record of RESULTS (its kernel, case, backend and seed) is prepared as a sweep prepares
+it, captured in a CUDA graph behind the cold flush as the batched timer captures it, and the graph's
+edges read from the CUDA driver (cuGraphGetEdges_v2). An edge of programmatic type lets the kernel after
+it start before the kernel before it has finished (programmatic dependent launch). One JSON line per
+case: its key, node count, and programmatic edges out of the flush and among the case's own nodes.
+
+split: `dskbench compare PER-CASE -- BATCHED` (the same rule and noise floors), its verdicts and the
+batched-minus-per-case medians counted separately for the cases whose kernel follows the flush over a
+programmatic edge and for the others.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+PROGRAMMATIC = 1  # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+
+
+class EdgeData(ctypes.Structure):  # CUgraphEdgeData
+    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte)] + [
+        ("reserved", ctypes.c_ubyte * 5)
+    ]
+
+
+def graph_edges(graph: int) -> list[tuple[int, int, int]]:
+    """(from node, to node, dependency type) of each edge of a cudaGraph_t, from the driver."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    get = getattr(lib, "cuGraphGetEdges_v2", None) or lib.cuGraphGetEdges  # CUDA 13 keeps one name
+    n = ctypes.c_size_t(0)
+    rc = get(ctypes.c_void_p(graph), None, None, None, ctypes.byref(n))
+    if rc != 0:
+        raise RuntimeError(f"cuGraphGetEdges returned {rc}")
+    src, dst, data = (ctypes.c_void_p * n.value)(), (ctypes.c_void_p * n.value)(), (EdgeData * n.value)()
+    rc = get(ctypes.c_void_p(graph), src, dst, data, ctypes.byref(n))
+    if rc != 0:
+        raise RuntimeError(f"cuGraphGetEdges returned {rc}")
+    return [(int(src[i] or 0), int(dst[i] or 0), int(data[i].type)) for i in range(n.value)]
+
+
+def case_edges(launch, flush) -> dict[str, int]:
+    """Nodes and programmatic edges of one [flush, launch] graph (the flush: the node nothing precedes)."""
+    import torch
+
+    g = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        flush()
+        launch()
+    try:
+        edges = graph_edges(g.raw_cuda_graph())
+    finally:
+        g.reset()
+    nodes = {a for a, _, _ in edges} | {b for _, b, _ in edges}
+    roots = nodes - {b for _, b, _ in edges}
+    prog = [(a, b) for a, b, t in edges if t == PROGRAMMATIC]
+    return {
+        "nodes": len(nodes) or 2,
+        "edges": len(edges),
+        "programmatic_from_flush": sum(1 for a, _ in prog if a in roots),
+        "programmatic_within": sum(1 for a, _ in prog if a not in roots),
+    }
+
+
+def probe(results: Path) -> int:
+    import torch
+
+    from dskbench.device.info import DeviceInfo
+    from dskbench.execution.case import prepare_case
+    from dskbench.execution.fidelity import find_case
+    from dskbench.measure import batch
+    from dskbench.registry.load import load_registry
+    from dskbench.results.io import read_runs
+    from dskbench.shapes.cases import default_shapes
+
+    device = DeviceInfo.detect("cuda")
+    if device.kind != "cuda":
+        print("pdl_edges.py probe: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    shapes, registry = default_shapes(), load_registry()
+    buf = batch.flush_buffer(0, 2 * torch.cuda.get_device_properties(0).L2_cache_size)
+    seen: set[tuple[str, str]] = set()
+    counts: Counter = Counter()
+    for run in read_runs([results]):
+        for r in run.results:
+            backend = (r.get("backend") or {}).get("name")
+            key = (str(r.get("case_id")), str(backend))
+            if r.get("status") != "ok" or key in seen:
+                continue
+            seen.add(key)
+            op = f"{r['op']}:{r['variant']}" if r.get("variant") else r["op"]
+            row = {"kernel": r["kernel"], "case_id": key[0], "backend": key[1]}
+            try:
+                case, why = find_case(shapes, registry, r["kernel"], op, r["phase"], r["point"], key[1])
+                if case is None:
+                    raise LookupError(why)
+                _, prep = prepare_case(r["kernel"], case, key[1], device, seed=int(r.get("seed") or 7))
+                if prep is None:
+                    raise LookupError("not prepared")
+                row.update(case_edges(prep.launch, buf.zero_))
+                counts["pdl" if row["programmatic_from_flush"] else "plain"] += 1
+            except Exception as e:  # noqa: BLE001 - one case must not end the probe
+                row["error"] = f"{type(e).__name__}: {e}"[:200]
+                counts["error"] += 1
+            finally:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            print(json.dumps(row), flush=True)
+    print(f"pdl_edges.py: {dict(counts)}", file=sys.stderr)
+    return 0
+
+
+def split(pdl: Path, old: list[str], new: list[str]) -> int:
+    from dskbench.analysis.compare import compare
+    from dskbench.analysis.compare_inputs import load_side
+    from dskbench.analysis.verdict import DEFAULT_THRESHOLD, default_prior
+
+    flags = {}
+    for line in pdl.read_text().splitlines():
+        row = json.loads(line)
+        if "error" not in row:
+            flags[(row["kernel"], row["case_id"], row["backend"])] = row["programmatic_from_flush"] > 0
+    result = compare(load_side(old), load_side(new), DEFAULT_THRESHOLD, default_prior(), None)
+    groups: dict[str, list] = {
+        "after the flush over a programmatic edge": [],
+        "after the flush over a plain edge": [],
+    }
+    unknown = 0
+    for c in result.measured:
+        if c.verdict == "skipped":
+            continue
+        flag = flags.get((c.key.kernel, c.key.case, c.key.backend))
+        if flag is None:
+            unknown += 1
+            continue
+        groups[
+            "after the flush over a programmatic edge" if flag else "after the flush over a plain edge"
+        ].append(c)
+    print(f"cases compared: {sum(len(v) for v in groups.values())} with a probed graph, {unknown} without")
+    for label, rows in groups.items():
+        n = Counter(c.verdict for c in rows)
+        called = n["slower"] + n["faster"]
+        diffs = [
+            c.new.value - c.old.value
+            for c in rows
+            if c.old and c.new and c.old.value is not None and c.new.value is not None
+        ]
+        share = 100.0 * (len(rows) - called) / len(rows) if rows else 0.0
+        med = statistics.median(diffs) if diffs else float("nan")
+        print(
+            f"{label}: {len(rows)} cases, {called} slower/faster ({n['slower']} slower, {n['faster']} faster), "
+            f"{share:.1f}% without; median batched - per-case {med:+.3f} us"
+        )
+        kernels = Counter(c.key.kernel for c in rows if c.verdict in ("slower", "faster"))
+        if kernels:
+            print("  verdicts by kernel: " + ", ".join(f"{k} {v}" for k, v in kernels.most_common()))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "probe":
+        return probe(Path(argv[1]))
+    if len(argv) >= 5 and argv[0] == "split" and "--" in argv[2:]:
+        i = argv.index("--")
+        return split(Path(argv[1]), argv[2:i], argv[i + 1 :])
+    print(__doc__.split("\n\n")[1], file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
