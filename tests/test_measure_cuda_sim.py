@@ -335,3 +335,48 @@ def test_a_read_flush_replaces_the_write_and_is_recorded(sim: Sim) -> None:
         measure(launchers(sim, 1), mode="cold", settings=SETTINGS.with_(flush_kind="evict"))
     hot = measure(launchers(sim, 1), mode="hot", settings=SETTINGS)
     assert hot.flush_kind is None
+
+
+def test_a_kernel_following_the_flush_programmatically_keeps_its_gap(sim: Sim, monkeypatch) -> None:
+    """Cold graph samples lose the calibrated launch gap, but not those of a kernel launched with
+    programmatic dependent launch behind the flush: it pays no node boundary. The note says so."""
+    from dskbench.measure import graph_edges
+
+    tuned = SETTINGS.with_(launch_gap_us={"cold": 0.4, "hot": 0.2})
+    plain = measure(launchers(sim, 1), mode="cold", settings=tuned)
+    assert plain.launch_gap_us == 0.4 and plain.median_us == pytest.approx(
+        plain.raw_median_us - 0.4, abs=0.01
+    )
+    seen = []
+
+    def follows(launch, flush):
+        seen.append((launch, flush))
+        return True
+
+    monkeypatch.setattr(graph_edges, "launch_follows_flush", follows)
+    fns = launchers(sim, 2)
+    pdl = measure(fns, mode="cold", settings=tuned)
+    assert seen and seen[0][0] is fns[0]  # asked about the case's own launch and the timer's flush
+    assert pdl.launch_gap_us is None and pdl.raw_median_us is None  # as for any sample not corrected
+    assert pdl.median_us == pytest.approx(KERNEL_US + COLD_EXTRA_US, rel=0.05)
+    assert any("programmatic dependent launch" in n and "(0.400 us)" in n for n in pdl.notes)
+    seen.clear()
+    hot = measure(launchers(sim, 1), mode="hot", settings=tuned)  # hot samples: the question is not asked
+    assert not seen and not any("programmatic" in n for n in hot.notes)
+    eager = measure(launchers(sim, 1), mode="cold", capturable=False, settings=tuned)
+    assert not seen and eager.method == "cuda-eager"
+
+
+def test_the_edges_of_a_graph_say_whether_its_launch_follows_the_flush_programmatically(sim: Sim) -> None:
+    from dskbench.measure.graph_edges import PROGRAMMATIC, follows_programmatically
+
+    flush, k1, k2 = 1, 2, 3
+    assert follows_programmatically([(flush, k1, PROGRAMMATIC)])
+    assert not follows_programmatically([(flush, k1, 0)])
+    assert not follows_programmatically([(flush, k1, 0), (k1, k2, PROGRAMMATIC)])  # inside the case only
+    assert follows_programmatically([(flush, k1, PROGRAMMATIC), (k1, k2, PROGRAMMATIC)])
+    assert not follows_programmatically([])
+    # on the simulated GPU the question cannot be asked: unknown, and the gap stays
+    from dskbench.measure.graph_edges import launch_follows_flush
+
+    assert launch_follows_flush(lambda: None, lambda: None) is None
