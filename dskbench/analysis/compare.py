@@ -274,6 +274,9 @@ def compare(
     """Match old and new by (machine, case, backend) and judge each pair (dskbench.analysis.verdict.judge)."""
     old, new = _as_side(old_runs), _as_side(new_runs)
     old_stats, new_stats = old.stats(), new.stats()
+    for key in set(old_stats) & set(new_stats):
+        if _timed_apart(old.timers(key), new.timers(key)):
+            old_stats[key], new_stats[key] = old.kernel_stat(key), new.kernel_stat(key)
     twins = {**old.twins(), **new.twins()}
     own_runs = set(old.runs) | set(new.runs)
     out = Comparison(threshold)
@@ -284,6 +287,11 @@ def compare(
         v = judge(old_stats.get(key), new_stats.get(key), threshold, prior, hist, own[key.machine])
         out.changes.append(Change(key, old_stats.get(key), new_stats.get(key), v, twins.get(key)))
     return out
+
+
+def _timed_apart(old: set[str], new: set[str]) -> bool:
+    """Whether two sides' runs were timed by different timers (each side known and of one timer)."""
+    return len(old) == len(new) == 1 and "" not in old | new and old != new
 
 
 def own_prior(prior: Prior, old: Side, new: Side, machine: str) -> bool:

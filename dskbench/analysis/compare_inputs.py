@@ -106,6 +106,17 @@ class Side:
     def stats(self) -> dict[Key, Stat]:
         return {k: aggregate([o.stat for o in self.chosen(k)]) for k in self.obs}
 
+    def timers(self, key: Key) -> set[str]:
+        """The timers of the runs that make this side's value ('' where unrecorded or not a GPU cold run)."""
+        return {o.settings.timer for o in self.chosen(key)}
+
+    def kernel_stat(self, key: Key) -> Stat:
+        """This side's Stat in kernel times: each run's launch gap left subtracted rather than added back.
+        What a raw time holds besides the kernel differs between the timers (a kernel launched with
+        programmatic dependent launch pays no node boundary in the event timer's raw time, but its CUPTI
+        span counts from the flush's end), so sides of two timers meet on their kernel times."""
+        return aggregate([replace(o.stat, gap_us=0.0) for o in self.chosen(key)])
+
     def twins(self) -> dict[Key, Key]:
         out = {}
         for k in self.obs:

@@ -105,8 +105,10 @@ def notes(old: Side, new: Side, machines: Sequence[str], prior: Prior, history: 
         b = {r.settings for r in new.runs_on(m)}
         diff = _settings_diff(a, b)
         if diff:
+            timers = " (the two timers' cases are compared on kernel times, launch gaps subtracted)"
             out.append(
                 f"note: on {m} the sides were measured with different settings ({diff}): not like for like"
+                + (timers if "timer " in diff else "")
             )
         for name, s in (("old", a), ("new", b)):
             inner = _settings_diff({next(iter(s))}, s) if len(s) > 1 else ""
