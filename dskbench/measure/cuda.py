@@ -28,8 +28,6 @@ carries one graph start per replay (a few us over >= replay_target_us, well unde
 Launch gap: a graph sample is (kernel + the boundary to the next node) per launch, CUPTI's duration only
 the kernel; eager samples carry event and launch latency. MeasureSettings.launch_gap_us, measured
 against CUPTI by calibrate.py, is subtracted from every sample; raw_median_us keeps the uncorrected median.
-A cold graph sample of a kernel that follows the flush over a programmatic edge (programmatic dependent
-launch, graph_edges.py) pays no node boundary, so nothing is subtracted from it (its note says so).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from typing import Any
 
 import torch
 
-from dskbench.measure import graph_edges, nvml
+from dskbench.measure import nvml
 from dskbench.measure.cuda_graph import GraphTimer
 from dskbench.measure.cuda_timer import (
     CALIBRATION_LAUNCHES,
@@ -56,11 +54,6 @@ from dskbench.measure.cuda_timer import (
 from dskbench.measure.sampling import assemble, drive, gap_for, launches_for, select_timer
 from dskbench.measure.settings import Measurement, MeasureSettings
 
-# A cold graph sample's note when its kernel follows the flush over a programmatic edge (graph_edges.py)
-PROGRAMMATIC_NOTE = (
-    "launched with programmatic dependent launch: it follows the flush over a programmatic edge and pays "
-    "no node boundary, so the launch gap ({gap:.3f} us) is not subtracted"
-)
 MAX_EAGER_COLD_BATCH = 32  # launches per eager batch: each is ~4 queue entries (flush, 2 events, kernel)
 MAX_EAGER_HOT_LAUNCHES = 128  # launches queued per eager hot batch (the driver queue is finite)
 NVML_PERIOD_S = 0.1  # read clocks at most this often while sampling
@@ -291,10 +284,6 @@ def measure_cuda(
         gap_notes = []
         if gap is None and settings.launch_gap_us:
             gap_notes.append(f"no launch gap calibrated for {timer.method} {mode}: samples not corrected")
-        if gap is not None and mode == "cold" and isinstance(timer, GraphTimer):
-            if graph_edges.launch_follows_flush(launchers[0], timer.flush):
-                gap_notes.append(PROGRAMMATIC_NOTE.format(gap=gap))
-                gap = None
         raw: list[float] = []
         t_sampling = time.perf_counter()
         try:
