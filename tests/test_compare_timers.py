@@ -1,6 +1,5 @@
-"""Two sides timed by different timers meet on kernel times: a raw time holds more than the kernel, and
-what it holds differs between the timers (a kernel launched with programmatic dependent launch pays no
-node boundary in the event timer's raw time)."""
+"""Two sides timed by different timers meet on kernel times: a raw time holds more than the kernel, what
+it holds differs between the timers, and each timer's launch gap is calibrated for its own."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def _write(path, run_id, batched, values, seed):
 
 
 def test_sides_of_two_timers_are_compared_on_kernel_times(tmp_path):
-    # case 0: launched with PDL, the per-case timer subtracted nothing; case 1: both subtracted their gap
+    # case 0: the per-case side subtracted no gap (none calibrated); case 1: both subtracted their own
     per_case = {CASES[0]: (2.0, None), CASES[1]: (3.0, 0.36)}
     batched = {CASES[0]: (2.0, 0.6), CASES[1]: (3.0, 0.35)}
     a = _write(tmp_path / "per-case.jsonl", "p", False, per_case, 1)

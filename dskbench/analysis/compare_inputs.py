@@ -112,9 +112,9 @@ class Side:
 
     def kernel_stat(self, key: Key) -> Stat:
         """This side's Stat in kernel times: each run's launch gap left subtracted rather than added back.
-        What a raw time holds besides the kernel differs between the timers (a kernel launched with
-        programmatic dependent launch pays no node boundary in the event timer's raw time, but its CUPTI
-        span counts from the flush's end), so sides of two timers meet on their kernel times."""
+        What a raw time holds besides the kernel differs between the timers (graph-node boundaries in the
+        event timer's, none in a CUPTI span) and each timer's gap is calibrated for its own, so sides of
+        two timers meet on their kernel times."""
         return aggregate([replace(o.stat, gap_us=0.0) for o in self.chosen(key)])
 
     def twins(self) -> dict[Key, Key]:
