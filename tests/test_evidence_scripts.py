@@ -490,3 +490,25 @@ def test_pdl_edges_split_counts_the_verdicts_of_each_kind_of_edge_apart(tmp_path
         return
     assert pdl.main(["probe", str(old)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_neighbor_probe_cases_exist_and_it_needs_a_gpu(capsys):
+    """The neighbour probe's light and heavy cases are cases of the shapes file; without a GPU it says so
+    in one line and exits 2."""
+    import importlib.util
+
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    spec = importlib.util.spec_from_file_location("neighbor_probe", EVIDENCE / "neighbor_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    shapes, registry = default_shapes(), load_registry()
+    for kernel, op, phase, point, backend in probe.LIGHT + probe.HEAVY:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        assert case is not None, why
+    if __import__("torch").cuda.is_available():
+        return
+    assert probe.main() == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

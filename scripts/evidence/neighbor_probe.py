@@ -1,0 +1,89 @@
+"""Does a case's batched reading depend on the cases it shares a batch with? (GPU, one process)
+
+    python3 scripts/evidence/neighbor_probe.py > neighbors.log
+
+Each light case (LIGHT) is timed by the per-case timer, by the batched timer alone, in a batch of the light
+cases, and in a batch with the heavy cases (HEAVY: prefill GEMMs of about a millisecond, which draw the
+GPU towards its power limit), twice over; each reading with the lowest SM clock NVML saw while it was
+sampled. Every case with seed 7.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+LIGHT = [
+    ("flash_mla_with_kvcache", "attn_mqa", "decode", {"B": 1, "kv_len": 4096, "tp": 1}, "sgl_kernel"),
+    ("moe_align_block_size", "experts", "prefill", {"T": 8192, "tp": 8}, "sgl_kernel"),
+    ("bmm_fp8", "forward_absorb_prepare:q_nope_w_kc", "decode", {"T": 64, "tp": 8}, "sgl_kernel"),
+    ("rmsnorm", "input_layernorm", "decode", {"T": 64}, "sgl_kernel"),
+]
+HEAVY = [
+    ("fp8_scaled_mm", "o_proj", "prefill", {"T": 8192, "tp": 1}, "sgl_kernel"),
+    ("int8_scaled_mm", "gate_up_proj", "prefill", {"T": 8192, "tp": 1}, "sgl_kernel"),
+]
+
+
+def show(m) -> str:
+    if isinstance(m, str):
+        return f"{m[:40]:>24s}"
+    clock = (m.clocks_during or {}).get("sm_mhz_min")
+    return f"{m.median_us:9.2f} ({clock or '?':>4} MHz)"
+
+
+def prepare(cases):
+    from dskbench.device.info import DeviceInfo
+    from dskbench.execution.case import prepare_case
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    device = DeviceInfo.detect("cuda")
+    shapes, registry = default_shapes(), load_registry()
+    out = []
+    for kernel, op, phase, point, backend in cases:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        if case is None:
+            print(f"{kernel}: no case ({why})")
+            continue
+        fields, prep = prepare_case(kernel, case, backend, device, seed=7)
+        if prep is None:
+            print(f"{case.id}: {fields.get('status')}: {fields.get('reason')}")
+            continue
+        out.append((case.id, prep))
+    return out
+
+
+def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("neighbor_probe.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from dskbench import measure as core
+    from dskbench.measure import batch
+
+    light, heavy = prepare(LIGHT), prepare(HEAVY)
+    gap = core.calibrate_launch_gap()
+    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    for n in (1, 2):
+        print(f"== pass {n}: per-case | batched alone | with the light cases | with the heavy cases")
+        lights = batch.measure_batch([[p.launch] for _, p in light], device="cuda", settings=settings)
+        for (case_id, p), with_light in zip(light, lights, strict=True):
+            per_case = core.measure(
+                [p.launch], device="cuda", mode="cold", capturable=True, settings=settings
+            )
+            alone = batch.measure_batch([[p.launch]], device="cuda", settings=settings)[0]
+            entries = [[p.launch]] + [[h.launch] for _, h in heavy]
+            with_heavy = batch.measure_batch(entries, device="cuda", settings=settings)[0]
+            print(
+                f"{case_id[:56]:56s} {show(per_case)} | {show(alone)} | {show(with_light)} | {show(with_heavy)}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
