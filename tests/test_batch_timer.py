@@ -146,6 +146,40 @@ def test_every_case_is_sampled_until_its_rule_stops_it_with_the_gap_taken_off(de
     assert long_.min_samples == s.min_samples  # a 4 ms kernel: 2 ms of samples is one launch
 
 
+class NeighbourGraph(Graph):
+    """A kernel that runs `penalty_ns` longer when the replay before it was another case's (its code out of
+    the caches, the clocks lowered by a heavy neighbour)."""
+
+    penalty_ns = 2_000
+
+    def replay(self) -> None:
+        if getattr(self.dev, "last", None) is not self:
+            self.kernel_ns += self.penalty_ns
+            super().replay()
+            self.kernel_ns -= self.penalty_ns
+        else:
+            super().replay()
+        self.dev.last = self
+
+
+def test_a_case_is_sampled_back_to_back_so_its_reading_does_not_depend_on_its_neighbours(device):
+    s = MeasureSettings(cooldown=0.0)
+    kernels = [3_000, 9_000, 500_000]  # 3 us, 9 us, 0.5 ms
+    got = {}
+    for i, ns in enumerate(kernels):
+        c = batch.BatchCase([NeighbourGraph(device, ns, 0, i)])
+        c.est_us = (27_500 + ns + 1_000) / 1000
+        c.start(s)
+        got[i] = c
+    batch.sample_rounds(got, lambda: None, s, [], gap=None)
+    for ns, c in zip(kernels, got.values(), strict=True):
+        # the first replay after another case's is dropped: every sample is the kernel after itself
+        assert c.stopper.samples and all(x == pytest.approx(ns / 1000) for x in c.stopper.samples)
+    replays, buckets = batch.contiguous([0, 1, 2, 0, 1, 0], [528.5, 31.5, 37.5])
+    assert replays == [1, 1, 1, 2, 2, 0, 0, 0, 0]  # lightest first, each run one replay longer
+    assert buckets == [3, 1, 1, 3, 2, 3, 0, 0, 0]  # the leading replay of each run goes to no case
+
+
 def test_a_chunk_whose_flushes_do_not_add_up_is_retried_then_given_up(device):
     s = MeasureSettings(cooldown=0.0)
     device.drop_flush_every = 7

@@ -3,12 +3,13 @@ time read from CUPTI's activity records.
 
 Why: a case timed alone pays for its own calibration, two graphs (launches with flushes, flushes alone)
 and at least one or two 20 ms batches before its stopping rule may look at it; most of a sweep's
-measuring time went there. Here every case gets one graph of [flush, launch], and a round replays the
-graphs of the batch's cases one after another; CUPTI gives each kernel's start and end on the device, so
-a case's sample is its own span (batch_spans.py) and the flush is left out by construction rather than
-subtracted. A round samples each case still sampling once; rounds repeat until each case's stopping rule
-is met. The flush is in the same graph as the launch, right before it, as in the per-case timer, so a
-case sees the same cold L2. A sample is one launch (the per-case timer averages many), so a case takes
+measuring time went there. Here every case gets one graph of [flush, launch], and one profiled chunk
+replays the graphs of all the batch's cases still sampling; CUPTI gives each kernel's start and end on
+the device, so a case's sample is its own span (batch_spans.py) and the flush is left out by
+construction rather than subtracted. In a chunk each case's replays run back to back, the first one's
+sample dropped (contiguous()), so a case meets only itself, as in the per-case timer; chunks repeat until
+each case's stopping rule is met. The flush is in the same graph as the launch, right before it, as in
+the per-case timer, so a case sees the same cold L2. A sample is one launch (the per-case timer averages many), so a case takes
 at least MIN_SAMPLE_US of samples, and never fewer than the settings' minimum.
 
 Used for cold mode with the write flush when the profiler (CUPTI through torch.profiler) works; a case
@@ -348,6 +349,26 @@ def _estimate(cases: dict[int, BatchCase]) -> None:
         c.est_us = max(a.elapsed_time(b) * 1000.0, 1.0)
 
 
+def contiguous(taken: Sequence[int], est_us: Sequence[float]) -> tuple[list[int], list[int]]:
+    """A chunk's replays: each case's samples back to back, lightest case first, each run led by one more
+    replay of the case whose sample is dropped (the case's first kernel after another case's). Returns
+    (the case of each replay, the bucket of each: the case, or len(est_us) for a dropped one).
+
+    Why: interleaved, a light kernel read up to a fifth longer beside millisecond GEMMs (clocks lowered
+    by their power) and several percent longer beside other light cases than alone
+    (results/h200-2026-11-28/neighbors.log), so a case's reading depended on which cases shared its
+    batch. Back to back, as the per-case timer replays it, a case meets only itself."""
+    counts: dict[int, int] = {}
+    for k in taken:
+        counts[k] = counts.get(k, 0) + 1
+    replays: list[int] = []
+    buckets: list[int] = []
+    for k in sorted(counts, key=lambda k: (est_us[k], k)):
+        replays += [k] * (counts[k] + 1)
+        buckets += [len(est_us)] + [k] * counts[k]
+    return replays, buckets
+
+
 def sample_rounds(
     cases: dict[int, BatchCase],
     clocks: ClockReader,
@@ -367,18 +388,19 @@ def sample_rounds(
         active = [c for c in cases.values() if not c.done]
         if not active:
             return
-        order: list[int] = []
+        taken: list[int] = []
         budget, rounds = target_us, 0
         while rounds < MAX_ROUNDS and budget > 0:
             step = [k for k, c in enumerate(active) if rounds < c.quota]
             if not step:
                 break
-            order += step
+            taken += step
             budget -= sum(active[k].est_us for k in step)
             rounds += 1
+        replays, order = contiguous(taken, [c.est_us for c in active])
 
-        def queue(order=order, active=active) -> None:
-            for k in order:
+        def queue(replays=replays, active=active) -> None:
+            for k in replays:
                 c = active[k]
                 c.graphs[c.launched % len(c.graphs)].replay()
                 c.launched += 1
@@ -387,7 +409,7 @@ def sample_rounds(
         acts = _profile(queue)
         clocks()
         try:
-            spans = per_case(split_groups(acts, len(order)), order, len(active))
+            spans = per_case(split_groups(acts, len(order)), order, len(active) + 1)[:-1]
         except ChunkMismatch as e:
             misses += 1
             if misses > MAX_CHUNK_RETRIES:
