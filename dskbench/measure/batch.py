@@ -6,8 +6,8 @@ and at least one or two 20 ms batches before its stopping rule may look at it; m
 measuring time went there. Here every case gets one graph of [flush, launch], and one profiled chunk
 replays the graphs of all the batch's cases still sampling; CUPTI gives each kernel's start and end on
 the device, so a case's sample is its own span (batch_spans.py) and the flush is left out by
-construction rather than subtracted. In a chunk each case's replays run back to back, the first one's
-sample dropped (contiguous()), so a case meets only itself, as in the per-case timer; chunks repeat until
+construction rather than subtracted. In a chunk each case's replays run back to back, a short case's
+first one not counted (contiguous()), so a case meets only itself, as in the per-case timer; chunks repeat until
 each case's stopping rule is met. The flush is in the same graph as the launch, right before it, as in
 the per-case timer, so a case sees the same cold L2. A sample is one launch (the per-case timer averages many), so a case takes
 at least MIN_SAMPLE_US of samples, and never fewer than the settings' minimum.
@@ -46,6 +46,9 @@ MAX_MIN_SAMPLES = 64  # ...for short kernels, where one launch is a noisy sample
 MIN_SAMPLE_US = 2000.0  # device time of a case's first samples (its flushes included)
 MAX_ROUNDS = 2048
 GROWTH = 1.3  # a case short of its noise target asks for this much more than the 1/sqrt(n) law says
+# A [flush, launch] replay shorter than this leads its run in a chunk with one replay more, not counted:
+# what ran before a kernel moves a short one's reading, not a long one's (whose extra replay would cost most)
+LEAD_UNDER_US = 250.0
 MAX_CHUNK_RETRIES = 2  # chunks whose markers did not add up, before the batch gives up
 STEP_FLUSHES = 2048  # flush durations the clock's step is read from (batch_spans.clock_step_ns)...
 MIN_STEP_FLUSHES = 64  # ...once at least this many are in
@@ -350,9 +353,10 @@ def _estimate(cases: dict[int, BatchCase]) -> None:
 
 
 def contiguous(taken: Sequence[int], est_us: Sequence[float]) -> tuple[list[int], list[int]]:
-    """A chunk's replays: each case's samples back to back, lightest case first, each run led by one more
-    replay of the case whose sample is dropped (the case's first kernel after another case's). Returns
-    (the case of each replay, the bucket of each: the case, or len(est_us) for a dropped one).
+    """A chunk's replays: each case's samples back to back, lightest case first, each run of a case under
+    LEAD_UNDER_US led by one more replay whose sample is dropped (the case's first kernel after another
+    case's). Returns (the case of each replay, the bucket of each: the case, or len(est_us) for a
+    dropped one).
 
     Why: interleaved, a light kernel read up to a fifth longer beside millisecond GEMMs (clocks lowered
     by their power) and several percent longer beside other light cases than alone
@@ -364,8 +368,9 @@ def contiguous(taken: Sequence[int], est_us: Sequence[float]) -> tuple[list[int]
     replays: list[int] = []
     buckets: list[int] = []
     for k in sorted(counts, key=lambda k: (est_us[k], k)):
-        replays += [k] * (counts[k] + 1)
-        buckets += [len(est_us)] + [k] * counts[k]
+        lead = 1 if est_us[k] < LEAD_UNDER_US else 0
+        replays += [k] * (counts[k] + lead)
+        buckets += [len(est_us)] * lead + [k] * counts[k]
     return replays, buckets
 
 
