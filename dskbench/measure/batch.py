@@ -358,10 +358,9 @@ def contiguous(taken: Sequence[int], est_us: Sequence[float]) -> tuple[list[int]
     case's). Returns (the case of each replay, the bucket of each: the case, or len(est_us) for a
     dropped one).
 
-    Why: interleaved, a light kernel read up to a fifth longer beside millisecond GEMMs (clocks lowered
-    by their power) and several percent longer beside other light cases than alone
-    (results/h200-2026-11-28/neighbors.log), so a case's reading depended on which cases shared its
-    batch. Back to back, as the per-case timer replays it, a case meets only itself."""
+    Why: interleaved with other cases a light kernel read longer than alone (the clocks lowered by a heavy
+    neighbour's power, and more; docs/measurement.md), so a case's reading depended on which cases shared
+    its batch. Back to back, as the per-case timer replays it, a case meets only itself."""
     counts: dict[int, int] = {}
     for k in taken:
         counts[k] = counts.get(k, 0) + 1
