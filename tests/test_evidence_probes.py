@@ -1,0 +1,128 @@
+"""The evidence probes (scripts/evidence/*_probe.py, pdl_edges.py) on a machine without a GPU: their cases
+are cases of the shapes file, what they read from results files is right, and without a GPU each says so
+in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dskbench.results.io import ResultsWriter, environment_record, result_record
+
+EVIDENCE = Path(__file__).resolve().parents[1] / "scripts" / "evidence"
+
+
+def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path):
+    """The timer probe's cases are cases of the shapes file (it would print 'no case' otherwise), and a
+    results file gives each its seed, so the probe times the sweep's own inputs."""
+    import importlib.util
+
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    spec = importlib.util.spec_from_file_location("timer_probe", EVIDENCE / "timer_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    shapes, registry = default_shapes(), load_registry()
+    ids = []
+    for kernel, op, phase, point, backend in probe.CASES:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        assert case is not None, why
+        ids.append(case.id)
+    path = tmp_path / "r.jsonl"
+    with ResultsWriter(path) as w:
+        w.write(
+            environment_record("r", created="2026-11-27T00:00:00+00:00", device={"name": "H200"}, versions={})
+        )
+        timing = {"median_us": 1.0, "samples_us": [1.0]}
+        for n, case_id in enumerate(ids):
+            w.write(
+                result_record(
+                    "r", "ok", kernel="k", case_id=case_id, backend={"name": "b"}, seed=100 + n, timing=timing
+                )
+            )
+    assert probe.seeds_from(path) == {case_id: 100 + n for n, case_id in enumerate(ids)}
+    assert probe.seeds_from(None) == {}
+
+
+def test_first_launch_probe_cases_exist_and_it_needs_a_gpu(capsys):
+    """The first-launch probe's cases are cases of the shapes file, and on a machine without a GPU it says
+    so in one line and exits 2."""
+    import importlib.util
+
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    spec = importlib.util.spec_from_file_location("first_launch_probe", EVIDENCE / "first_launch_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    shapes, registry = default_shapes(), load_registry()
+    for kernel, op, phase, point, backend in probe.CASES:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        assert case is not None, why
+    if __import__("torch").cuda.is_available():
+        return
+    assert probe.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_pdl_edges_split_counts_the_verdicts_of_each_kind_of_edge_apart(tmp_path, capsys):
+    """split: compare's verdicts and the median change, counted apart for the cases flagged as following
+    the flush over a programmatic edge; on a machine without a GPU, probe says so in one line."""
+    import importlib.util
+
+    from fake_results import fake_runs, write_runs
+
+    spec = importlib.util.spec_from_file_location("pdl_edges", EVIDENCE / "pdl_edges.py")
+    pdl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pdl)
+    r1, r2, *_ = fake_runs()  # rmsnorm/sgl_kernel 25% slower in r2, silu_and_mul/flashinfer 15% faster
+    old, new = write_runs([r1], tmp_path / "old.jsonl"), write_runs([r2], tmp_path / "new.jsonl")
+    rows = [
+        {"kernel": r["kernel"], "case_id": r["case_id"], "backend": r["backend"]["name"]}
+        for r in r1.results
+        if r.get("status") == "ok"
+    ]
+    flags = tmp_path / "pdl.jsonl"
+    flags.write_text(
+        "".join(
+            json.dumps({**row, "programmatic_from_flush": int(row["kernel"] == "rmsnorm")}) + "\n"
+            for row in rows
+        )
+    )
+    assert pdl.main(["split", str(flags), str(old), "--", str(new)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    prog = next(line for line in out if line.startswith("after the flush over a programmatic edge"))
+    plain = next(line for line in out if line.startswith("after the flush over a plain edge"))
+    assert " slower, 0 faster)" in prog and "0 slower, " in plain and " faster)" in plain
+    kernels = [line for line in out if line.startswith("  verdicts by kernel")]
+    assert kernels[0].startswith("  verdicts by kernel: rmsnorm ") and "rmsnorm" not in kernels[1]
+    assert pdl.main(["split", str(flags)]) == 2  # usage
+    if __import__("torch").cuda.is_available():
+        return
+    assert pdl.main(["probe", str(old)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_neighbor_probe_cases_exist_and_it_needs_a_gpu(capsys):
+    """The neighbour probe's light and heavy cases are cases of the shapes file; without a GPU it says so
+    in one line and exits 2."""
+    import importlib.util
+
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    spec = importlib.util.spec_from_file_location("neighbor_probe", EVIDENCE / "neighbor_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    shapes, registry = default_shapes(), load_registry()
+    for kernel, op, phase, point, backend in probe.LIGHT + probe.HEAVY:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        assert case is not None, why
+    if __import__("torch").cuda.is_available():
+        return
+    assert probe.main() == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
