@@ -7,10 +7,11 @@ measuring time went there. Here every case gets one graph of [flush, launch], an
 replays the graphs of all the batch's cases still sampling; CUPTI gives each kernel's start and end on
 the device, so a case's sample is its own span (batch_spans.py) and the flush is left out by
 construction rather than subtracted. In a chunk each case's replays run back to back, a short case's
-first one not counted (contiguous()), so a case meets only itself, as in the per-case timer; chunks repeat until
-each case's stopping rule is met. The flush is in the same graph as the launch, right before it, as in
-the per-case timer, so a case sees the same cold L2. A sample is one launch (the per-case timer averages many), so a case takes
-at least MIN_SAMPLE_US of samples, and never fewer than the settings' minimum.
+first one not counted (contiguous()), so a case meets only itself, as in the per-case timer; chunks
+repeat until each case's stopping rule is met. The flush is in the same graph as the launch, right
+before it, as in the per-case timer, so a case sees the same cold L2. A sample is one launch (the
+per-case timer averages many), so a case takes at least MIN_SAMPLE_US of samples, and never fewer than
+the settings' minimum.
 
 Used for cold mode with the write flush when the profiler (CUPTI through torch.profiler) works; a case
 whose graph cannot be captured, and every case when CUPTI is missing, is timed by the per-case timers.
