@@ -175,6 +175,14 @@ def test_a_case_is_sampled_back_to_back_so_its_reading_does_not_depend_on_its_ne
     for ns, c in zip(kernels, got.values(), strict=True):
         # the first replay after another case's is dropped: every sample is the kernel after itself
         assert c.stopper.samples and all(x == pytest.approx(ns / 1000) for x in c.stopper.samples)
+    # a case of two input sets: the replays not counted take no turn, so its samples use both sets alike
+    few = MeasureSettings(cooldown=0.0, max_samples=200)
+    two = batch.BatchCase([Graph(device, 4_000, 0, 7), Graph(device, 6_000, 0, 8)])
+    two.est_us = 34.0
+    two.start(few)
+    batch.sample_rounds({0: two}, lambda: None, few, [], gap=None)
+    fours = sum(1 for x in two.stopper.samples if x == pytest.approx(4.0))
+    assert fours and abs(2 * fours - len(two.stopper.samples)) <= 1  # 4 us and 6 us, one sample each way
     replays, buckets = batch.contiguous([0, 1, 2, 0, 1, 0], [528.5, 31.5, 37.5])
     assert replays == [1, 1, 1, 2, 2, 0, 0, 0]  # lightest first, each short case's run one replay longer
     assert buckets == [3, 1, 1, 3, 2, 0, 0, 0]  # that leading replay goes to no case; the long case has none

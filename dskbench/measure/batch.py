@@ -404,11 +404,12 @@ def sample_rounds(
             rounds += 1
         replays, order = contiguous(taken, [c.est_us for c in active])
 
-        def queue(replays=replays, active=active) -> None:
-            for k in replays:
+        def queue(replays=replays, order=order, active=active) -> None:
+            for k, counted in zip(replays, order, strict=True):
                 c = active[k]
                 c.graphs[c.launched % len(c.graphs)].replay()
-                c.launched += 1
+                if counted == k:  # a lead replays the input set the run's first sample will use
+                    c.launched += 1
             clocks()
 
         acts = _profile(queue)
