@@ -126,3 +126,27 @@ def test_neighbor_probe_cases_exist_and_it_needs_a_gpu(capsys):
         return
     assert probe.main() == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_named_case_is_prepared_with_its_seed_or_says_in_one_line_why_not():
+    """The probes' shared step: a case named as (kernel, op, phase, point, backend), prepared as a sweep
+    prepares it, with the seed a results file gave it."""
+    from dskbench.device.info import DeviceInfo
+    from dskbench.execution.fidelity import prepare_named
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    shapes, registry, cpu = default_shapes(), load_registry(), DeviceInfo.detect("cpu")
+    spec = ("rmsnorm", "input_layernorm", "decode", {"T": 1}, "torch-ref")
+    case_id, prep = prepare_named(shapes, registry, spec, cpu, {"rmsnorm/input_layernorm/decode/T=1": 41})
+    assert case_id == "rmsnorm/input_layernorm/decode/T=1" and prep.seed == 41
+    assert prepare_named(shapes, registry, spec, cpu)[1].seed == 7
+    why, prep = prepare_named(
+        shapes, registry, ("rmsnorm", "input_layernorm", "decode", {"T": 3}, "torch-ref"), cpu
+    )
+    assert prep is None and why.startswith("rmsnorm: no case (")
+    why, prep = prepare_named(shapes, registry, (*spec[:4], "sgl_kernel"), cpu)
+    assert (
+        prep is None
+        and why == "rmsnorm/input_layernorm/decode/T=1: skipped: needs a CUDA GPU (found no CUDA GPU)"
+    )

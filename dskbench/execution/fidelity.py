@@ -63,6 +63,23 @@ def find_case(shapes, registry, kernel: str, op_spec: str, phase: str, point: di
     return None, f"no case {op_spec} {phase} {point} for role {adapter.role}"
 
 
+def prepare_named(
+    shapes, registry, spec: tuple, device: Any, seeds: dict[str, int] | None = None, seed: int = 7
+) -> tuple[str, Any]:
+    """A case named as (kernel, op[:variant], phase, point, backend), prepared as a sweep prepares it with
+    its seed in `seeds` (by case id; else `seed`): (its id, its Prepared), or (a line saying why not, None)."""
+    from dskbench.execution.case import prepare_case
+
+    kernel, op_spec, phase, point, backend = spec
+    case, why = find_case(shapes, registry, kernel, op_spec, phase, point, backend)
+    if case is None:
+        return f"{kernel}: no case ({why})", None
+    fields, prep = prepare_case(kernel, case, backend, device, seed=(seeds or {}).get(case.id, seed))
+    if prep is None:
+        return f"{case.id}: {fields.get('status')}: {fields.get('reason')}", None
+    return case.id, prep
+
+
 def profiler_spans(launch, flush, iters: int, cold: bool) -> list[float]:
     """Per-launch GPU span (µs) from CUPTI: kernels launched inside each annotated iteration."""
     import torch

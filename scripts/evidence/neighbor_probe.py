@@ -35,25 +35,21 @@ def show(m) -> str:
 
 
 def prepare(cases):
+    """(case id, Prepared) of each case that prepares, seed 7; why not, printed, for the others."""
     from dskbench.device.info import DeviceInfo
-    from dskbench.execution.case import prepare_case
-    from dskbench.execution.fidelity import find_case
+    from dskbench.execution.fidelity import prepare_named
     from dskbench.registry.load import load_registry
     from dskbench.shapes.cases import default_shapes
 
     device = DeviceInfo.detect("cuda")
     shapes, registry = default_shapes(), load_registry()
     out = []
-    for kernel, op, phase, point, backend in cases:
-        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
-        if case is None:
-            print(f"{kernel}: no case ({why})")
-            continue
-        fields, prep = prepare_case(kernel, case, backend, device, seed=7)
+    for spec in cases:
+        case_id, prep = prepare_named(shapes, registry, spec, device)
         if prep is None:
-            print(f"{case.id}: {fields.get('status')}: {fields.get('reason')}")
-            continue
-        out.append((case.id, prep))
+            print(case_id)
+        else:
+            out.append((case_id, prep))
     return out
 
 

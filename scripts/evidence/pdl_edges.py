@@ -76,8 +76,7 @@ def probe(results: Path) -> int:
     import torch
 
     from dskbench.device.info import DeviceInfo
-    from dskbench.execution.case import prepare_case
-    from dskbench.execution.fidelity import find_case
+    from dskbench.execution.fidelity import prepare_named
     from dskbench.measure import batch
     from dskbench.registry.load import load_registry
     from dskbench.results.io import read_runs
@@ -101,12 +100,10 @@ def probe(results: Path) -> int:
             op = f"{r['op']}:{r['variant']}" if r.get("variant") else r["op"]
             row = {"kernel": r["kernel"], "case_id": key[0], "backend": key[1]}
             try:
-                case, why = find_case(shapes, registry, r["kernel"], op, r["phase"], r["point"], key[1])
-                if case is None:
-                    raise LookupError(why)
-                _, prep = prepare_case(r["kernel"], case, key[1], device, seed=int(r.get("seed") or 7))
+                spec = (r["kernel"], op, r["phase"], r["point"], key[1])
+                why, prep = prepare_named(shapes, registry, spec, device, seed=int(r.get("seed") or 7))
                 if prep is None:
-                    raise LookupError("not prepared")
+                    raise LookupError(why)
                 row.update(case_edges(prep.launch, buf.zero_))
                 counts["pdl" if row["programmatic_from_flush"] else "plain"] += 1
             except Exception as e:  # noqa: BLE001 - one case must not end the probe
@@ -131,10 +128,8 @@ def split(pdl: Path, old: list[str], new: list[str]) -> int:
         if "error" not in row:
             flags[(row["kernel"], row["case_id"], row["backend"])] = row["programmatic_from_flush"] > 0
     result = compare(load_side(old), load_side(new), DEFAULT_THRESHOLD, default_prior(), None)
-    groups: dict[str, list] = {
-        "after the flush over a programmatic edge": [],
-        "after the flush over a plain edge": [],
-    }
+    labels = {True: "after the flush over a programmatic edge", False: "after the flush over a plain edge"}
+    groups: dict[str, list] = {label: [] for label in labels.values()}
     unknown = 0
     for c in result.measured:
         if c.verdict == "skipped":
@@ -143,9 +138,7 @@ def split(pdl: Path, old: list[str], new: list[str]) -> int:
         if flag is None:
             unknown += 1
             continue
-        groups[
-            "after the flush over a programmatic edge" if flag else "after the flush over a plain edge"
-        ].append(c)
+        groups[labels[flag]].append(c)
     print(f"cases compared: {sum(len(v) for v in groups.values())} with a probed graph, {unknown} without")
     for label, rows in groups.items():
         n = Counter(c.verdict for c in rows)

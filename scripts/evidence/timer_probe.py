@@ -75,8 +75,7 @@ def main() -> int:
 
     from dskbench import measure as core
     from dskbench.device.info import DeviceInfo
-    from dskbench.execution.case import prepare_case
-    from dskbench.execution.fidelity import find_case
+    from dskbench.execution.fidelity import prepare_named
     from dskbench.measure import batch
     from dskbench.registry.load import load_registry
     from dskbench.shapes.cases import default_shapes
@@ -91,18 +90,13 @@ def main() -> int:
     settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
     print(f"launch gap: per-case cold {gap.get('cold_us')} us, batched cold {gap.get('batch_cold_us')} us")
     preps = []
-    for kernel, op, phase, point, backend in CASES:
-        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
-        if case is None:
-            print(f"{kernel}: no case ({why})")
-            continue
-        seed = seeds.get(case.id, 7)
-        fields, prep = prepare_case(kernel, case, backend, device, seed=seed)
+    for spec in CASES:
+        case_id, prep = prepare_named(shapes, registry, spec, device, seeds)
         if prep is None:
-            print(f"{case.id}: {fields.get('status')}: {fields.get('reason')}")
+            print(case_id)
             continue
-        preps.append((case.id, prep))
-        print(f"{case.id} · {backend}: seed {seed}")
+        preps.append((case_id, prep))
+        print(f"{case_id} · {spec[-1]}: seed {seeds.get(case_id, 7)}")
     for n in (1, 2):
         print(f"== pass {n}: per-case | batched alone | in a batch of {len(preps)}")
         together = batch.measure_batch([[p.launch] for _, p in preps], device="cuda", settings=settings)
