@@ -150,3 +150,18 @@ def test_a_named_case_is_prepared_with_its_seed_or_says_in_one_line_why_not():
         prep is None
         and why == "rmsnorm/input_layernorm/decode/T=1: skipped: needs a CUDA GPU (found no CUDA GPU)"
     )
+
+
+def test_pdl_edges_split_names_a_missing_or_malformed_file_in_one_line(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pdl_edges", EVIDENCE / "pdl_edges.py")
+    pdl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pdl)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert pdl.main(["split", str(tmp_path / "none.jsonl"), "a", "--", "b"]) == 2
+    assert pdl.main(["split", str(bad), "a", "--", "b"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "none.jsonl" in lines[0]
+    assert lines[1] == f"pdl_edges.py: {bad}:1: not a line of `pdl_edges.py probe` output"

@@ -123,10 +123,13 @@ def split(pdl: Path, old: list[str], new: list[str]) -> int:
     from dskbench.analysis.verdict import DEFAULT_THRESHOLD, default_prior
 
     flags = {}
-    for line in pdl.read_text().splitlines():
-        row = json.loads(line)
-        if "error" not in row:
-            flags[(row["kernel"], row["case_id"], row["backend"])] = row["programmatic_from_flush"] > 0
+    for n, line in enumerate(pdl.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+            if "error" not in row:
+                flags[(row["kernel"], row["case_id"], row["backend"])] = row["programmatic_from_flush"] > 0
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{pdl}:{n}: not a line of `pdl_edges.py probe` output") from None
     result = compare(load_side(old), load_side(new), DEFAULT_THRESHOLD, default_prior(), None)
     labels = {True: "after the flush over a programmatic edge", False: "after the flush over a plain edge"}
     groups: dict[str, list] = {label: [] for label in labels.values()}
@@ -161,11 +164,17 @@ def split(pdl: Path, old: list[str], new: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "probe":
-        return probe(Path(argv[1]))
-    if len(argv) >= 5 and argv[0] == "split" and "--" in argv[2:]:
-        i = argv.index("--")
-        return split(Path(argv[1]), argv[2:i], argv[i + 1 :])
+    from dskbench.results.io import ResultsError
+
+    try:
+        if len(argv) == 2 and argv[0] == "probe":
+            return probe(Path(argv[1]))
+        if len(argv) >= 5 and argv[0] == "split" and "--" in argv[2:]:
+            i = argv.index("--")
+            return split(Path(argv[1]), argv[2:i], argv[i + 1 :])
+    except (OSError, ValueError, ResultsError) as e:  # a missing or malformed file: one line, no trace
+        print(f"pdl_edges.py: {e}", file=sys.stderr)
+        return 2
     print(__doc__.split("\n\n")[1], file=sys.stderr)
     return 2
 
