@@ -188,6 +188,47 @@ def test_a_case_is_sampled_back_to_back_so_its_reading_does_not_depend_on_its_ne
     assert buckets == [3, 1, 1, 3, 2, 0, 0, 0]  # that leading replay goes to no case; the long case has none
 
 
+class PowerGraph(Graph):
+    """A light kernel that runs `penalty_ns` longer while a heavy one (HEAVY_FROM_US or more) ended within
+    the last `window_ns` of device time: the clocks a heavy GEMM's power draw lowered."""
+
+    penalty_ns, window_ns = 2_000, 5_000_000
+
+    def replay(self) -> None:
+        d = self.dev
+        heavy = (27_500 + self.kernel_ns + 1_000) / 1000 >= batch.HEAVY_FROM_US
+        slowed = not heavy and d.t - getattr(d, "heavy_end", -(10**12)) < self.window_ns
+        self.kernel_ns += self.penalty_ns if slowed else 0
+        super().replay()
+        self.kernel_ns -= self.penalty_ns if slowed else 0
+        if heavy:
+            d.heavy_end = d.t
+
+
+def test_a_batchs_light_cases_are_sampled_before_its_heavy_ones_never_beside_them(device, monkeypatch):
+    monkeypatch.setattr(batch, "SETTLE_S", 0.0)
+    s = MeasureSettings(cooldown=0.0)
+    kernels = [3_000, 9_000, 1_500_000, 900_000]  # 3 us, 9 us beside two prefill-sized GEMMs
+
+    def fresh() -> dict[int, batch.BatchCase]:
+        got = {}
+        for i, ns in enumerate(kernels):
+            c = batch.BatchCase([PowerGraph(device, ns, 0, i)])
+            c.est_us = (27_500 + ns + 1_000) / 1000
+            c.start(s)
+            got[i] = c
+        return got
+
+    got = fresh()
+    batch.sample_by_weight(got, lambda: None, s, [], gap=None)
+    for ns, c in zip(kernels, got.values(), strict=True):
+        assert c.stopper.stopped and all(x == pytest.approx(ns / 1000) for x in c.stopper.samples)
+    device.heavy_end = -(10**12)
+    mixed = fresh()  # all in one stream of chunks: the light cases' later chunks follow the GEMMs
+    batch.sample_rounds(mixed, lambda: None, s, [], gap=None)
+    assert any(x == pytest.approx(5.0) for x in mixed[0].stopper.samples)
+
+
 def test_a_chunk_whose_flushes_do_not_add_up_is_retried_then_given_up(device):
     s = MeasureSettings(cooldown=0.0)
     device.drop_flush_every = 7

@@ -165,3 +165,41 @@ def test_pdl_edges_split_names_a_missing_or_malformed_file_in_one_line(tmp_path,
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and "none.jsonl" in lines[0]
     assert lines[1] == f"pdl_edges.py: {bad}:1: not a line of `pdl_edges.py probe` output"
+
+
+def test_timer_arbiter_says_which_timer_the_per_case_graphs_cupti_reading_is_nearer(tmp_path, capsys):
+    """Each slower/faster case with both timers' kernel times and their cross-checks, and the side the
+    per-case record's CUPTI reading is nearer; a missing file is one line, no trace."""
+    import copy
+    import importlib.util
+
+    from fake_results import fake_runs, write_runs
+
+    spec = importlib.util.spec_from_file_location("timer_arbiter", EVIDENCE / "timer_arbiter.py")
+    arb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(arb)
+    r1, r2, *_ = fake_runs()  # rmsnorm/sgl_kernel 25% slower in r2, silu_and_mul/flashinfer 15% faster
+    r1 = copy.deepcopy(r1)
+    new = {(r["case_id"], r["backend"]["name"]): r for r in r2.results if r.get("status") == "ok"}
+    for r in r1.results:
+        if r.get("status") != "ok":
+            continue
+        other = new.get((r["case_id"], r["backend"]["name"]))
+        # CUPTI in the per-case graph reads rmsnorm as the batched side does, everything else as per-case
+        cupti = r["timing"]["median_us"]
+        if r["kernel"] == "rmsnorm" and other is not None:
+            cupti = other["timing"]["median_us"]
+        r["timing"].update(launch_gap_us=0.5, cross_check={"method": "cupti", "median_us": cupti + 0.5})
+    old, newf = write_runs([r1], tmp_path / "old.jsonl"), write_runs([r2], tmp_path / "new.jsonl")
+    assert arb.main([str(old), "--", str(newf)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out[1:] if line.endswith(("batched", "per-case"))]
+    assert rows and all(line.startswith(("rmsnorm ", "silu_and_mul ")) for line in rows)
+    assert all(line.endswith("batched") == line.startswith("rmsnorm ") for line in rows)
+    assert any(line.startswith("rmsnorm ") for line in rows) and any(line.startswith("silu") for line in rows)
+    summary = next(line for line in out if "slower/faster cases" in line)
+    assert summary.startswith(f"{len(rows)} slower/faster cases")
+    assert arb.main([str(old)]) == 2  # usage
+    assert arb.main([str(tmp_path / "none.jsonl"), "--", str(newf)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("timer_arbiter.py: ") and "none.jsonl" in err[-1]

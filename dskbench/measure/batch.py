@@ -50,6 +50,11 @@ GROWTH = 1.3  # a case short of its noise target asks for this much more than th
 # A [flush, launch] replay shorter than this leads its run in a chunk with one replay more, not counted:
 # what ran before a kernel moves a short one's reading, not a long one's (whose extra replay would cost most)
 LEAD_UNDER_US = 250.0
+# Cases whose replay takes this long or more (prefill GEMMs, attention) are sampled after the lighter ones of
+# their batch, and the lighter ones only once the GPU has idled SETTLE_S (heavy work may have just run):
+# behind millisecond GEMMs a light kernel read up to a quarter longer (results/h200-2026-11-29/).
+HEAVY_FROM_US = LEAD_UNDER_US
+SETTLE_S = 0.05
 MAX_CHUNK_RETRIES = 2  # chunks whose markers did not add up, before the batch gives up
 STEP_FLUSHES = 2048  # flush durations the clock's step is read from (batch_spans.clock_step_ns)...
 MIN_STEP_FLUSHES = 64  # ...once at least this many are in
@@ -247,7 +252,7 @@ def measure_batch(
         gap = gap_for(settings, METHOD, "cold")
         if gap is None and settings.launch_gap_us:
             notes.append(f"no launch gap calibrated for {METHOD}: samples not corrected")
-        sample_rounds(cases, clocks, settings, notes, gap)
+        sample_by_weight(cases, clocks, settings, notes, gap)
         t_done = time.perf_counter()
         torch.cuda.synchronize()
         clocks_after = nvml.read_clocks(index)
@@ -372,6 +377,26 @@ def contiguous(taken: Sequence[int], est_us: Sequence[float]) -> tuple[list[int]
         replays += [k] * (counts[k] + lead)
         buckets += [len(est_us)] * lead + [k] * counts[k]
     return replays, buckets
+
+
+def sample_by_weight(
+    cases: dict[int, BatchCase],
+    clocks: ClockReader,
+    settings: MeasureSettings,
+    notes: list[str],
+    gap: float | None,
+) -> None:
+    """sample_rounds over the batch's light cases, then over its heavy ones (HEAVY_FROM_US): no light case
+    is sampled beside a heavy one, whose power draw lowers the clocks the light one runs at. The light ones
+    start after SETTLE_S of idle, since heavy work may have just run (the estimate's replays, references,
+    the batch before)."""
+    light = {i: c for i, c in cases.items() if c.est_us < HEAVY_FROM_US}
+    heavy = {i: c for i, c in cases.items() if i not in light}
+    if light:
+        time.sleep(SETTLE_S)
+    for group in (light, heavy):
+        if group:
+            sample_rounds(group, clocks, settings, notes, gap)
 
 
 def sample_rounds(
