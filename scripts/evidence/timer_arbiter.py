@@ -11,9 +11,9 @@ noise floors), the kernel times (launch gap subtracted, the mean over each side'
   its events     the batched record's cross-check: events around that one-pair graph, less the flush
 
 and which timer the per-case graph's own CUPTI reading is nearer. Where CUPTI in the per-case graph reads
-what the batched timer reads, the per-case timer's subtraction is what differs; where it reads what the
-per-case timer reads while the batched record's events read what the batched timer reads, the kernel runs
-differently in the two kinds of graph and no timer is wrong.
+what the batched timer reads, the per-case timer's subtraction is what differs. Where it reads what the
+per-case timer reads while the batched record's events read what the batched timer reads, the kernel ran
+differently in the two runs and no timer is wrong.
 """
 
 from __future__ import annotations
