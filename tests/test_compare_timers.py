@@ -51,3 +51,19 @@ def test_sides_of_two_timers_are_compared_on_kernel_times(tmp_path):
     c = _write(tmp_path / "batched-again.jsonl", "c", True, {CASES[0]: (2.0, 0.0), CASES[1]: (3.0, 0.35)}, 3)
     same_timer = {x.key.case: x for x in compare(load_side([b]), load_side([c])).measured}
     assert same_timer[CASES[0]].change < -0.2 and same_timer[CASES[1]].verdict == "same"
+
+
+def test_across_timers_a_difference_within_their_fidelity_target_is_no_verdict(tmp_path):
+    """0.25 us more at 1 us is a slowdown to one timer, but not between two timers, each held only within
+    0.3 us of CUPTI below 5 us; 0.5 us more at 2 us is a slowdown either way."""
+    old = {CASES[0]: (1.0, 0.35), CASES[1]: (2.0, 0.35)}
+    new = {CASES[0]: (1.25, 0.35), CASES[1]: (2.5, 0.35)}
+    per_case = _write(tmp_path / "per-case.jsonl", "p", False, old, 1)
+    batched = _write(tmp_path / "batched.jsonl", "b", True, new, 2)
+    apart = {c.key.case: c for c in compare(load_side([per_case]), load_side([batched])).measured}
+    assert apart[CASES[0]].verdict == "~slower" and apart[CASES[1]].verdict == "slower"
+    assert apart[CASES[0]].judged.floor.source == "timers" and "0.3 us" in apart[CASES[0]].note
+    batched_old = _write(tmp_path / "batched-old.jsonl", "o", True, old, 3)
+    same = {c.key.case: c for c in compare(load_side([batched_old]), load_side([batched])).measured}
+    assert same[CASES[0]].verdict == "slower" and same[CASES[1]].verdict == "slower"
+    assert same[CASES[0]].judged.floor.source != "timers"

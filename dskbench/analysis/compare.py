@@ -274,9 +274,9 @@ def compare(
     """Match old and new by (machine, case, backend) and judge each pair (dskbench.analysis.verdict.judge)."""
     old, new = _as_side(old_runs), _as_side(new_runs)
     old_stats, new_stats = old.stats(), new.stats()
-    for key in set(old_stats) & set(new_stats):
-        if _timed_apart(old.timers(key), new.timers(key)):
-            old_stats[key], new_stats[key] = old.kernel_stat(key), new.kernel_stat(key)
+    apart = {key for key in set(old_stats) & set(new_stats) if _timed_apart(old.timers(key), new.timers(key))}
+    for key in apart:
+        old_stats[key], new_stats[key] = old.kernel_stat(key), new.kernel_stat(key)
     twins = {**old.twins(), **new.twins()}
     own_runs = set(old.runs) | set(new.runs)
     out = Comparison(threshold)
@@ -284,7 +284,9 @@ def compare(
     own = {m: own_prior(prior, old, new, m) for m in {*old.machines(), *new.machines()}}
     for key in sorted(set(old_stats) | set(new_stats), key=_row_order_key):
         hist = history.history(key, own_runs) if history is not None else []
-        v = judge(old_stats.get(key), new_stats.get(key), threshold, prior, hist, own[key.machine])
+        v = judge(
+            old_stats.get(key), new_stats.get(key), threshold, prior, hist, own[key.machine], key in apart
+        )
         out.changes.append(Change(key, old_stats.get(key), new_stats.get(key), v, twins.get(key)))
     return out
 

@@ -15,6 +15,10 @@ The verdict is ``slower`` only when all of these hold:
 3. with at least 8 raw samples on both sides, a two-sided Mann-Whitney U test on them gives
    p < 0.001 (the within-run test stays as a second condition, never the only one).
 
+Sides timed by two different timers (per-case events against batched CUPTI) are judged with a floor no
+finer than what each timer is held to against CUPTI (3%, or 0.3 us under 5 us: dskbench fidelity): a
+smaller difference between two timers is not a change the comparison can see.
+
 Mirrored for ``faster``. Beyond the threshold but failing 2 or 3 is ``~slower``/``~faster``, never a
 failure; beyond it with no floor to judge it by (a device the prior was not measured on, one run per
 side) is ``not judged``, never a failure. Status changes: ok -> wrong/error is ``broke`` (a
@@ -31,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dskbench.analysis.noise import Floor, Prior, floor_for, half_spread, load_prior
+from dskbench.measure.stats import FIDELITY_FROM_US, FIDELITY_REL, FIDELITY_US, fidelity_tolerance_us
 
 MIN_SAMPLES = 8  # both sides need this many raw samples before the rank test is used
 P_THRESHOLD = 0.001
@@ -130,10 +135,13 @@ def judge(
     prior: Prior | None = None,
     history: Iterable[Stat] = (),
     own_prior: bool = True,
+    timers_apart: bool = False,
 ) -> Verdict:
     """The verdict on one case (see the module docstring). `history`: the case's earlier runs on the
     same GPU model, oldest first (each a Stat; their run-level values make the case's own floor).
-    `own_prior` False: the prior was measured on another device and is not used (noise.own_floor)."""
+    `own_prior` False: the prior was measured on another device and is not used (noise.own_floor).
+    `timers_apart`: the sides were timed by different timers (the floor is then at least the timers'
+    fidelity target)."""
     if old is None and new is None:
         raise ValueError("nothing to judge")
     if old is None:
@@ -163,6 +171,8 @@ def judge(
         half_spread(old, new),
         own_prior,
     )
+    if timers_apart and floor is not None and latency:
+        floor = _timers_floor(floor, latency)
     notes = []
     if new.throttled or old.throttled:
         notes.append("throttled " + ("new" if new.throttled else "old") + " run")
@@ -187,6 +197,15 @@ def judge(
     return Verdict(
         direction if real else "~" + direction, change, shift, statistic, floor, p, "; ".join(notes)
     )
+
+
+def _timers_floor(floor: Floor, latency_us: float) -> Floor:
+    """The floor between two timers: at least what either is held to against CUPTI at this latency."""
+    agree = fidelity_tolerance_us(latency_us) / latency_us
+    if agree <= floor.rel:
+        return floor
+    held = f"{FIDELITY_US:g} us" if latency_us < FIDELITY_FROM_US else f"{FIDELITY_REL:.0%}"
+    return Floor(agree, "timers", f"(each held within {held} of CUPTI)")
 
 
 def _status_verdict(old: Stat, new: Stat) -> Verdict | None:

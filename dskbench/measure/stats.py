@@ -102,7 +102,17 @@ def summarize(samples: Sequence[float]) -> Summary:
     )
 
 
+FIDELITY_REL = 0.03  # a timer's reading against a profiler's: within 3% from FIDELITY_FROM_US up...
+FIDELITY_US = 0.3  # ...and within 0.3 us below it
+FIDELITY_FROM_US = 5.0
+
+
+def fidelity_tolerance_us(ref: float) -> float:
+    """How far a timer may read from a profiler's reading `ref` (us) and still be within target."""
+    return FIDELITY_REL * ref if ref >= FIDELITY_FROM_US else FIDELITY_US
+
+
 def within_target(measured: float, ref: float) -> bool:
     """Our timer's reading against a profiler's: within 3% of it from 5 us up, within 0.3 us below (the
     fidelity target of `dskbench selftest` and `dskbench fidelity`)."""
-    return abs(measured - ref) <= (0.03 * ref if ref >= 5.0 else 0.3)
+    return abs(measured - ref) <= fidelity_tolerance_us(ref)
