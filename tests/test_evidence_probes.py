@@ -203,3 +203,27 @@ def test_timer_arbiter_says_which_timer_the_per_case_graphs_cupti_reading_is_nea
     assert arb.main([str(tmp_path / "none.jsonl"), "--", str(newf)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1].startswith("timer_arbiter.py: ") and "none.jsonl" in err[-1]
+
+
+def test_placement_probe_cases_exist_and_it_needs_a_gpu(capsys, monkeypatch):
+    """The placement probe's cases are cases of the shapes file, its paddings distinct; without a GPU it
+    says so in one line and exits 2."""
+    import importlib.util
+
+    from dskbench.execution.fidelity import find_case
+    from dskbench.registry.load import load_registry
+    from dskbench.shapes.cases import default_shapes
+
+    spec = importlib.util.spec_from_file_location("placement_probe", EVIDENCE / "placement_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    shapes, registry = default_shapes(), load_registry()
+    for kernel, op, phase, point, backend in probe.CASES:
+        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
+        assert case is not None, why
+    assert len(set(probe.PADDINGS_KB)) == len(probe.PADDINGS_KB) > 1
+    if __import__("torch").cuda.is_available():
+        return
+    monkeypatch.setattr("sys.argv", ["placement_probe.py"])
+    assert probe.main() == 2
+    assert capsys.readouterr().err.strip() == "placement_probe.py: needs a CUDA GPU"
