@@ -218,10 +218,11 @@ def test_placement_probe_cases_exist_and_it_needs_a_gpu(capsys, monkeypatch):
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     shapes, registry = default_shapes(), load_registry()
-    for kernel, op, phase, point, backend in probe.CASES:
+    for kernel, op, phase, point, backend in probe.CASES + probe.BESIDE:
         case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
         assert case is not None, why
     assert len(set(probe.PADDINGS_KB)) == len(probe.PADDINGS_KB) > 1
+    assert probe.CASES[0] not in probe.BESIDE and probe.BESIDE
     if __import__("torch").cuda.is_available():
         return
     monkeypatch.setattr("sys.argv", ["placement_probe.py"])

@@ -23,6 +23,16 @@ CASES = [
     ("prepare_moe_input", "experts", "decode", {"T": 16, "tp": 8}, "sgl_kernel"),
 ]
 PADDINGS_KB = [0, 1, 2, 4, 8, 16, 64, 256, 1024, 2048, 3072, 4096, 32768]
+# ...then the first case timed alone, beside these cases prepared and held (their inputs and bound
+# buffers alive, as a batch holds its cases), and alone again once they are freed
+BESIDE = [
+    spec
+    for op in ("experts", "experts_fused_shared")
+    for phase, ts in (("decode", (1, 16, 64, 256)), ("prefill", (2048, 8192)))
+    for t in ts
+    for tp in (1, 8)
+    if (spec := ("moe_align_block_size", op, phase, {"T": t, "tp": tp}, "sgl_kernel")) != CASES[0]
+]
 
 
 def addresses(inputs: dict) -> str:
@@ -84,6 +94,24 @@ def main() -> int:
             )
             del prep, pad
             torch.cuda.synchronize()
+    _, first = prepare_named(shapes, registry, CASES[0], device, seeds)
+    if first is None:
+        return 0
+
+    def both() -> str:
+        alone = batch.measure_batch([[first.launch]], device="cuda", settings=settings)[0]
+        per_case = core.measure(
+            [first.launch], device="cuda", mode="cold", capturable=True, settings=settings
+        )
+        return f"{show(alone)} | {show(per_case)}"
+
+    print(f"== {CASES[0][0]} {CASES[0][2]} {CASES[0][3]}: batched | per-case")
+    print(f"alone                              {both()}", flush=True)
+    held = [prepare_named(shapes, registry, spec, device, seeds)[1] for spec in BESIDE]
+    print(f"beside {sum(p is not None for p in held):3d} cases prepared and held   {both()}", flush=True)
+    del held
+    torch.cuda.synchronize()
+    print(f"alone again                        {both()}", flush=True)
     return 0
 
 
