@@ -12,7 +12,7 @@ from dskbench.results.io import ResultsWriter, environment_record, result_record
 EVIDENCE = Path(__file__).resolve().parents[1] / "scripts" / "evidence"
 
 
-def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path):
+def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path, capsys, monkeypatch):
     """The timer probe's cases are cases of the shapes file (it would print 'no case' otherwise), and a
     results file gives each its seed, so the probe times the sweep's own inputs."""
     import importlib.util
@@ -42,8 +42,14 @@ def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path):
                     "r", "ok", kernel="k", case_id=case_id, backend={"name": "b"}, seed=100 + n, timing=timing
                 )
             )
-    assert probe.seeds_from(path) == {case_id: 100 + n for n, case_id in enumerate(ids)}
-    assert probe.seeds_from(None) == {}
+    shared = importlib.import_module("probe_setup")  # beside the probes, on the path they set
+    assert shared.seeds_from(path) == {case_id: 100 + n for n, case_id in enumerate(ids)}
+    assert shared.seeds_from(None) == {}
+    if __import__("torch").cuda.is_available():
+        return
+    monkeypatch.setattr("sys.argv", ["timer_probe.py"])
+    assert probe.main() == 2
+    assert capsys.readouterr().err.strip() == "timer_probe.py: needs a CUDA GPU"
 
 
 def test_first_launch_probe_cases_exist_and_it_needs_a_gpu(capsys):

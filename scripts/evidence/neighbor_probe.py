@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_setup, beside this script
 
 LIGHT = [
     ("flash_mla_with_kvcache", "attn_mqa", "decode", {"B": 1, "kv_len": 4096, "tp": 1}, "sgl_kernel"),
@@ -34,37 +35,17 @@ def show(m) -> str:
     return f"{m.median_us:9.2f} ({clock or '?':>4} MHz)"
 
 
-def prepare(cases):
-    """(case id, Prepared) of each case that prepares, seed 7; why not, printed, for the others."""
-    from dskbench.device.info import DeviceInfo
-    from dskbench.execution.fidelity import prepare_named
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
-
-    device = DeviceInfo.detect("cuda")
-    shapes, registry = default_shapes(), load_registry()
-    out = []
-    for spec in cases:
-        case_id, prep = prepare_named(shapes, registry, spec, device)
-        if prep is None:
-            print(case_id)
-        else:
-            out.append((case_id, prep))
-    return out
-
-
 def main() -> int:
-    import torch
+    from probe_setup import setup
 
-    if not torch.cuda.is_available():
-        print("neighbor_probe.py: needs a CUDA GPU", file=sys.stderr)
-        return 2
     from dskbench import measure as core
     from dskbench.measure import batch
 
-    light, heavy = prepare(LIGHT), prepare(HEAVY)
-    gap = core.calibrate_launch_gap()
-    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    probe = setup("neighbor_probe.py")
+    if probe is None:
+        return 2
+    light, heavy = probe.prepare_all(LIGHT), probe.prepare_all(HEAVY)
+    settings = probe.settings
     for n in (1, 2):
         print(f"== pass {n}: per-case | batched alone | with the light cases | with the heavy cases")
         lights = batch.measure_batch([[p.launch] for _, p in light], device="cuda", settings=settings)

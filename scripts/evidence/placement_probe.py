@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_setup, beside this script
 
 CASES = [
     ("moe_align_block_size", "experts", "prefill", {"T": 8192, "tp": 8}, "sgl_kernel"),
@@ -55,32 +56,22 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
+    from probe_setup import setup
 
     from dskbench import measure as core
-    from dskbench.device.info import DeviceInfo
-    from dskbench.execution.fidelity import prepare_named
     from dskbench.measure import batch
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
 
-    device = DeviceInfo.detect("cuda")
-    if device.kind != "cuda":
-        print("placement_probe.py: needs a CUDA GPU", file=sys.stderr)
+    probe = setup("placement_probe.py", args.seeds_from)
+    if probe is None:
         return 2
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from timer_probe import seeds_from
-
-    shapes, registry = default_shapes(), load_registry()
-    seeds = seeds_from(args.seeds_from)
-    gap = core.calibrate_launch_gap()
-    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    settings = probe.settings
     for spec in CASES:
         print(
             f"== {spec[0]} {spec[2]} {spec[3]} · {spec[-1]}: padding | inputs (address mod 2 MiB) | batched | per-case"
         )
         for kb in PADDINGS_KB:
             pad = torch.empty(kb * 1024, dtype=torch.uint8, device="cuda") if kb else None
-            case_id, prep = prepare_named(shapes, registry, spec, device, seeds)
+            case_id, prep = probe.prepare(spec)
             if prep is None:
                 print(case_id)
                 break
@@ -94,7 +85,7 @@ def main() -> int:
             )
             del prep, pad
             torch.cuda.synchronize()
-    _, first = prepare_named(shapes, registry, CASES[0], device, seeds)
+    _, first = probe.prepare(CASES[0])
     if first is None:
         return 0
 
@@ -107,7 +98,7 @@ def main() -> int:
 
     print(f"== {CASES[0][0]} {CASES[0][2]} {CASES[0][3]}: batched | per-case")
     print(f"alone                              {both()}", flush=True)
-    held = [prepare_named(shapes, registry, spec, device, seeds)[1] for spec in BESIDE]
+    held = [probe.prepare(spec)[1] for spec in BESIDE]
     print(f"beside {sum(p is not None for p in held):3d} cases prepared and held   {both()}", flush=True)
     del held
     torch.cuda.synchronize()

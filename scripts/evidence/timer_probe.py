@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_setup, beside this script
 
 CASES = [
     ("flash_mla_with_kvcache", "attn_mqa", "decode", {"B": 1, "kv_len": 4096, "tp": 1}, "sgl_kernel"),
@@ -26,20 +27,6 @@ CASES = [
     ("rmsnorm", "input_layernorm", "decode", {"T": 64}, "sgl_kernel"),
     ("int8_scaled_mm", "o_proj", "decode", {"T": 16, "tp": 1}, "sgl_kernel"),
 ]
-
-
-def seeds_from(path: Path | None) -> dict[str, int]:
-    """case id -> the seed its record ran with."""
-    if path is None:
-        return {}
-    from dskbench.results.io import read_runs
-
-    seeds: dict[str, int] = {}
-    for run in read_runs([path]):
-        for r in run.results:
-            if isinstance(r.get("seed"), int):
-                seeds.setdefault(str(r.get("case_id")), r["seed"])
-    return seeds
 
 
 def show(m) -> str:
@@ -72,31 +59,24 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
+    from probe_setup import setup
 
     from dskbench import measure as core
-    from dskbench.device.info import DeviceInfo
-    from dskbench.execution.fidelity import prepare_named
     from dskbench.measure import batch
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
 
-    device = DeviceInfo.detect("cuda")
-    if device.kind != "cuda":
-        print("timer_probe.py: needs a CUDA GPU", file=sys.stderr)
+    probe = setup("timer_probe.py", args.seeds_from)
+    if probe is None:
         return 2
-    shapes, registry = default_shapes(), load_registry()
-    seeds = seeds_from(args.seeds_from)
-    gap = core.calibrate_launch_gap()
-    settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
+    settings, gap = probe.settings, probe.gap
     print(f"launch gap: per-case cold {gap.get('cold_us')} us, batched cold {gap.get('batch_cold_us')} us")
     preps = []
     for spec in CASES:
-        case_id, prep = prepare_named(shapes, registry, spec, device, seeds)
+        case_id, prep = probe.prepare(spec)
         if prep is None:
             print(case_id)
             continue
         preps.append((case_id, prep))
-        print(f"{case_id} · {spec[-1]}: seed {seeds.get(case_id, 7)}")
+        print(f"{case_id} · {spec[-1]}: seed {probe.seeds.get(case_id, 7)}")
     for n in (1, 2):
         print(f"== pass {n}: per-case | batched alone | in a batch of {len(preps)}")
         together = batch.measure_batch([[p.launch] for _, p in preps], device="cuda", settings=settings)
