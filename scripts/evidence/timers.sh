@@ -10,7 +10,8 @@
 #                          events), then sampled in batches (CUPTI); then the pair again
 #   summaries              dskbench stats of each file; dskbench compare per-case-1 per-case-2 -- batched-1
 #                          batched-2 (two runs a side: each case judged against its own run-to-run spread);
-#                          run-to-run of each side's two runs and of per-case-1 against batched-1 (CPU), in
+#                          run-to-run of each side's two runs and of per-case-1 against batched-1 (CPU); for
+#                          each slower/faster case, which timer CUPTI sides with (timer_arbiter.py), in
 #                          OUT/summaries.log
 #
 # Interleaved so the box's drift over the job (clocks, temperature) falls on both timers alike. Steps are
@@ -43,4 +44,5 @@ done
 step summaries 600 bash -c 'o="$1"; p1="$o/per-case-1.jsonl" p2="$o/per-case-2.jsonl" b1="$o/batched-1.jsonl" b2="$o/batched-2.jsonl"
 for f in "$p1" "$b1" "$p2" "$b2"; do python3 -m dskbench stats "$f"; done
 python3 -m dskbench compare "$p1" "$p2" -- "$b1" "$b2"
-python3 -m dskbench run-to-run "$p1" "$p2"; python3 -m dskbench run-to-run "$b1" "$b2"; python3 -m dskbench run-to-run "$p1" "$b1"' _ "$out"
+python3 -m dskbench run-to-run "$p1" "$p2"; python3 -m dskbench run-to-run "$b1" "$b2"; python3 -m dskbench run-to-run "$p1" "$b1"
+python3 scripts/evidence/timer_arbiter.py "$p1" "$p2" -- "$b1" "$b2"' _ "$out"
