@@ -115,7 +115,7 @@ class Floor:
     """The relative change unchanged code stays within for this comparison, and what set it."""
 
     rel: float
-    source: str  # history | band prior | absolute
+    source: str  # history | band prior | absolute | timers (between two timers: analysis.verdict)
     detail: str = ""
 
     def describe(self) -> str:
