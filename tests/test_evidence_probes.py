@@ -228,6 +228,14 @@ def test_placement_probe_cases_exist_and_it_needs_a_gpu(capsys, monkeypatch):
         case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
         assert case is not None, why
     assert len(set(probe.PADDINGS_KB)) == len(probe.PADDINGS_KB) > 1
+    assert len(set(probe.SEGMENT_FILLS)) == len(probe.SEGMENT_FILLS) > 1
+    torch = __import__("torch")
+    a, b = torch.empty(1 << 20, dtype=torch.uint8), torch.empty(3 << 20, dtype=torch.uint8)
+    seg_a, off_a = divmod(a.data_ptr(), 2 << 20)
+    seg_b, off_b = divmod(b.data_ptr(), 2 << 20)
+    probe._FIRST_SEGMENT[:] = []
+    assert probe.addresses({"a": a, "n": 3}) == f"a@0:{off_a // 1024}K"  # the first segment seen counts 0
+    assert probe.addresses({"b": b}) == f"b@{seg_b - seg_a}:{off_b // 1024}K"
     assert probe.CASES[0] not in probe.BESIDE and probe.BESIDE
     if __import__("torch").cuda.is_available():
         return

@@ -3,10 +3,12 @@
     python3 scripts/evidence/placement_probe.py [--seeds-from RESULTS.jsonl[.gz]] > placement.log
 
 Each case (CASES) is prepared again and again, as a sweep prepares it (inputs, bound outputs, reference
-check), each time after a padding allocation of another size, so that its tensors land at other
-addresses; each placement is timed by the batched timer alone and by the per-case timer. One line per
-placement: the padding, the lowest address bits of each input tensor, and the two readings. Every case
-uses its seed in RESULTS (`--seeds-from`) or 7.
+check): first after a padding allocation of another size (PADDINGS_KB: paddings under 2 MiB move its
+tensors within one 2 MiB segment of torch's caching allocator), then while 1 MiB fillers are held
+(SEGMENT_FILLS: its tensors land in other segments, other physical memory). Each placement is timed by
+the batched timer alone and by the per-case timer. One line per placement: the padding or the fillers,
+each input tensor's 2 MiB segment (counted from the first seen) and offset in it, and the two readings.
+Every case uses its seed in RESULTS (`--seeds-from`) or 7.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ CASES = [
     ("prepare_moe_input", "experts", "decode", {"T": 16, "tp": 8}, "sgl_kernel"),
 ]
 PADDINGS_KB = [0, 1, 2, 4, 8, 16, 64, 256, 1024, 2048, 3072, 4096, 32768]
+SEGMENT_FILLS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]  # 1 MiB tensors held (two fill a segment)
 # ...then the first case timed alone, beside these cases prepared and held (their inputs and bound
 # buffers alive, as a batch holds its cases), and alone again once they are freed
 BESIDE = [
@@ -36,13 +39,19 @@ BESIDE = [
 ]
 
 
+_FIRST_SEGMENT: list[int] = []
+
+
 def addresses(inputs: dict) -> str:
-    """Each tensor input's address modulo 2 MiB, in KiB (where it sits within a large page)."""
+    """Each tensor input's 2 MiB segment (counted from the first one seen) and its offset in it, in KiB."""
     import torch
 
-    got = [
-        f"{k}@{(v.data_ptr() % (2 << 20)) // 1024}K" for k, v in inputs.items() if isinstance(v, torch.Tensor)
-    ]
+    got = []
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            segment, offset = divmod(v.data_ptr(), 2 << 20)
+            _FIRST_SEGMENT[:] = _FIRST_SEGMENT or [segment]
+            got.append(f"{k}@{segment - _FIRST_SEGMENT[0]}:{offset // 1024}K")
     return " ".join(got)[:60]
 
 
@@ -67,10 +76,13 @@ def main() -> int:
     settings = probe.settings
     for spec in CASES:
         print(
-            f"== {spec[0]} {spec[2]} {spec[3]} · {spec[-1]}: padding | inputs (address mod 2 MiB) | batched | per-case"
+            f"== {spec[0]} {spec[2]} {spec[3]} · {spec[-1]}: placement | inputs (segment:offset) | batched | per-case"
         )
-        for kb in PADDINGS_KB:
-            pad = torch.empty(kb * 1024, dtype=torch.uint8, device="cuda") if kb else None
+        mib = 1 << 20
+        placements = [(f"pad {kb:5d} KiB", [kb * 1024] if kb else []) for kb in PADDINGS_KB]
+        placements += [(f"hold {n:3d} x 1 MiB", [mib] * n) for n in SEGMENT_FILLS]
+        for label, sizes in placements:
+            held = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
             case_id, prep = probe.prepare(spec)
             if prep is None:
                 print(case_id)
@@ -80,10 +92,9 @@ def main() -> int:
                 [prep.launch], device="cuda", mode="cold", capturable=True, settings=settings
             )
             print(
-                f"{kb:7d} KiB | {addresses(prep.inputs):60s} | {show(alone)} | {show(per_case)}",
-                flush=True,
+                f"{label:18s} | {addresses(prep.inputs):40s} | {show(alone)} | {show(per_case)}", flush=True
             )
-            del prep, pad
+            del prep, held
             torch.cuda.synchronize()
     _, first = probe.prepare(CASES[0])
     if first is None:
