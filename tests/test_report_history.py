@@ -43,3 +43,54 @@ def test_history_points_are_releases_where_one_commit_ran_two_library_versions(t
     md = write_report(runs, tmp_path, categories={})[1].read_text()
     assert "Runs (oldest first): flashinfer-python 0.6.14 → flashinfer-python 0.7.2.post1 → " in md
     assert "Changed at flashinfer-python 0.7.2.post1: " in md
+
+
+def test_a_history_step_between_two_timers_is_judged_as_compare_judges_it(tmp_path: Path):
+    """Two commits, the first timed per case and the second batched: the dashboard's change between them
+    is judged on kernel times with the timers' floor, as `dskbench compare` judges such sides. A raw time
+    holding a different launch gap is no change; 0.25 us more on a 1 us kernel is within what two timers
+    can tell apart (`~slower`); 0.5 us more on a 2 us kernel is `slower`."""
+    import random
+
+    from fake_results import DEVICES
+
+    from dskbench.results.io import ResultsWriter, environment_record, read_runs, result_record
+
+    cases = {
+        "rmsnorm/input_layernorm/decode/T=1": ((1.0, 0.6), (1.25, 0.35)),
+        "rmsnorm/input_layernorm/decode/T=16": ((2.0, 0.35), (2.5, 0.35)),
+        "rmsnorm/input_layernorm/decode/T=64": ((3.0, 0.6), (3.0, 0.1)),
+    }
+
+    def write(path: Path, run_id: str, commit: str, side: int, batched: bool, seed: int) -> Path:
+        rng = random.Random(seed)
+        settings = {"device": "cuda", "mode": "cold", "flush": "write", "seed": 7, "batch": batched}
+        env = environment_record(
+            run_id, created=f"2026-11-2{seed}T00:00:00+00:00", device=dict(DEVICES["h200"]), versions={},
+            git={"commit": commit, "dirty": False}, settings=settings,
+        )  # fmt: skip
+        with ResultsWriter(path) as w:
+            w.write(env)
+            for case_id, sides in cases.items():
+                value, gap = sides[side]
+                samples = sorted(value * (1 + rng.uniform(-0.01, 0.01)) for _ in range(200))
+                timing = {
+                    "median_us": samples[100], "p10_us": samples[20], "p90_us": samples[180],
+                    "samples_us": samples, "n_samples": 200, "mode": "cold", "launch_gap_us": gap,
+                    "method": "cupti-graph" if batched else "cuda-graph", "raw_median_us": samples[100] + gap,
+                }  # fmt: skip
+                w.write(
+                    result_record(run_id, "ok", kernel="rmsnorm", case_id=case_id,
+                                  backend={"name": "sgl_kernel"}, seed=7, timing=timing)
+                )  # fmt: skip
+        return path
+
+    old = write(tmp_path / "old.jsonl", "o", "a" * 40, 0, False, 1)
+    new = write(tmp_path / "new.jsonl", "n", "b" * 40, 1, True, 2)
+    (h200,) = machines(read_runs([old, new]))
+    verdicts = {case.split("/")[-1]: v for case, _, v, *_ in history(h200, "rmsnorm").changes()}
+    assert verdicts == {"T=1": "~slower", "T=16": "slower"}  # T=64: the same kernel time, no change
+    same_timer = write(tmp_path / "same.jsonl", "s", "b" * 40, 1, False, 3)
+    (h200,) = machines(read_runs([old, same_timer]))
+    verdicts = {case.split("/")[-1]: v for case, _, v, *_ in history(h200, "rmsnorm").changes()}
+    assert verdicts == {"T=16": "slower", "T=64": "faster"}  # one timer: raw times, 1.6 = 1.6, 3.6 -> 3.1

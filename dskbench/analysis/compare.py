@@ -274,7 +274,7 @@ def compare(
     """Match old and new by (machine, case, backend) and judge each pair (dskbench.analysis.verdict.judge)."""
     old, new = _as_side(old_runs), _as_side(new_runs)
     old_stats, new_stats = old.stats(), new.stats()
-    apart = {key for key in set(old_stats) & set(new_stats) if _timed_apart(old.timers(key), new.timers(key))}
+    apart = {key for key in set(old_stats) & set(new_stats) if timed_apart(old.timers(key), new.timers(key))}
     for key in apart:
         old_stats[key], new_stats[key] = old.kernel_stat(key), new.kernel_stat(key)
     twins = {**old.twins(), **new.twins()}
@@ -291,7 +291,7 @@ def compare(
     return out
 
 
-def _timed_apart(old: set[str], new: set[str]) -> bool:
+def timed_apart(old: set[str], new: set[str]) -> bool:
     """Whether two sides' runs were timed by different timers (each side known and of one timer)."""
     return len(old) == len(new) == 1 and "" not in old | new and old != new
 

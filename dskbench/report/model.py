@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 from typing import Any
 
-from dskbench.analysis.compare import DISAGREE_MARK, natural_key  # noqa: F401 - the report's mark too
-from dskbench.analysis.compare_inputs import aggregate, stat_from_record
+from dskbench.analysis.compare import DISAGREE_MARK, natural_key, timed_apart  # noqa: F401 - the mark too
+from dskbench.analysis.compare_inputs import aggregate, settings_of, stat_from_record
 from dskbench.analysis.verdict import Stat, judge
 from dskbench.results.access import part_of, rate
 from dskbench.results.io import STATUSES, Run
@@ -94,6 +94,10 @@ class History:
     commits: list[tuple[str, str, str]]  # (commit, label, created)
     values: dict[tuple[str, str], list[Stat | None]] = field(default_factory=dict)
     twins: set[tuple[str, str]] = field(default_factory=set)  # copies of another case's measurement
+    # each commit's timers of the case, and its Stat in kernel times (gaps left subtracted): the last two
+    # commits timed by different timers are judged on these, as dskbench compare judges them
+    timers: dict[tuple[str, str], list[set[str]]] = field(default_factory=dict)
+    kernel_values: dict[tuple[str, str], list[Stat | None]] = field(default_factory=dict)
 
     def changes(self, threshold: float = 0.05) -> list[tuple[str, str, str, float | None, Stat, Stat]]:
         """(case, backend, verdict, change, old, new) between the last two commits, not 'same'; judged
@@ -104,7 +108,12 @@ class History:
             old, new = stats[-2], stats[-1]
             if old is None or new is None or (case, backend) in self.twins:
                 continue
-            v = judge(old, new, threshold, history=[s for s in stats[:-2] if s is not None])
+            timers = self.timers.get((case, backend))
+            apart = bool(timers) and timed_apart(timers[-2], timers[-1])
+            if apart:
+                old, new = self.kernel_values[(case, backend)][-2], self.kernel_values[(case, backend)][-1]
+            history = [] if apart else [s for s in stats[:-2] if s is not None]
+            v = judge(old, new, threshold, history=history, timers_apart=apart)
             if v.verdict not in ("same", "skipped"):
                 out.append((case, backend, v.verdict, v.change, old, new))
         return sorted(out, key=lambda c: (natural_key(c[0]), c[1]))
@@ -275,15 +284,18 @@ def history(machine: Machine, kernel: str) -> History | None:
     when at least two points measured the same case."""
     commits: list[tuple[str, str, str]] = []
     per_commit: dict[str, dict[tuple[str, str], list[Stat]]] = {}
+    timers: dict[str, dict[tuple[str, str], set[str]]] = {}
     twins: set[tuple[str, str]] = set()
     for run, (commit, label) in zip(machine.runs, run_points(machine.runs), strict=True):
         if commit not in per_commit:
             commits.append((commit, label, str(run.environment.get("created", ""))))
-            per_commit[commit] = {}
+            per_commit[commit], timers[commit] = {}, {}
+        timer = settings_of(run.environment).timer
         for rec in run.results:
             if rec["kernel"] == kernel and not is_plan_skip(rec):
                 key = (rec.get("case_id") or kernel, rec["backend"]["name"])
                 per_commit[commit].setdefault(key, []).append(stat_from_record(rec, commit))
+                timers[commit].setdefault(key, set()).add(timer)
                 if rec.get("shared_with"):
                     twins.add(key)
     if len(commits) < 2:
@@ -295,6 +307,13 @@ def history(machine: Machine, kernel: str) -> History | None:
         present = [s for s in stats if s is not None and s.status != "skipped"]
         if len(present) >= 2 and any(s.status == "ok" for s in present):
             h.values[key] = stats
+            h.timers[key] = [timers[c].get(key, set()) for c, _, _ in commits]
+            h.kernel_values[key] = [
+                aggregate([replace(s, gap_us=0.0) for s in per_commit[c][key]])
+                if key in per_commit[c]
+                else None
+                for c, _, _ in commits
+            ]
     return h if h.values else None
 
 
