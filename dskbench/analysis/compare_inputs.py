@@ -115,7 +115,7 @@ class Side:
         What a raw time holds besides the kernel differs between the timers (graph-node boundaries in the
         event timer's, none in a CUPTI span) and each timer's gap is calibrated for its own, so sides of
         two timers meet on their kernel times."""
-        return aggregate([replace(o.stat, gap_us=0.0) for o in self.chosen(key)])
+        return aggregate_kernel_times([o.stat for o in self.chosen(key)])
 
     def twins(self) -> dict[Key, Key]:
         out = {}
@@ -135,6 +135,12 @@ class Side:
 
     def runs_on(self, machine: str) -> list[RunInfo]:
         return sorted((r for r in self.runs.values() if r.machine == machine), key=lambda r: r.created)
+
+
+def aggregate_kernel_times(stats: Sequence[Stat]) -> Stat:
+    """aggregate() in kernel times: each run's launch gap left subtracted rather than added back (how
+    sides of two different timers meet)."""
+    return aggregate([replace(s, gap_us=0.0) for s in stats])
 
 
 def aggregate(stats: Sequence[Stat]) -> Stat:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
 from dskbench.analysis.compare import DISAGREE_MARK, natural_key, timed_apart  # noqa: F401 - the mark too
-from dskbench.analysis.compare_inputs import aggregate, settings_of, stat_from_record
+from dskbench.analysis.compare_inputs import aggregate, aggregate_kernel_times, settings_of, stat_from_record
 from dskbench.analysis.verdict import Stat, judge
 from dskbench.results.access import part_of, rate
 from dskbench.results.io import STATUSES, Run
@@ -309,9 +309,7 @@ def history(machine: Machine, kernel: str) -> History | None:
             h.values[key] = stats
             h.timers[key] = [timers[c].get(key, set()) for c, _, _ in commits]
             h.kernel_values[key] = [
-                aggregate([replace(s, gap_us=0.0) for s in per_commit[c][key]])
-                if key in per_commit[c]
-                else None
+                aggregate_kernel_times(per_commit[c][key]) if key in per_commit[c] else None
                 for c, _, _ in commits
             ]
     return h if h.values else None
