@@ -242,3 +242,35 @@ def test_placement_probe_cases_exist_and_it_needs_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["placement_probe.py"])
     assert probe.main() == 2
     assert capsys.readouterr().err.strip() == "placement_probe.py: needs a CUDA GPU"
+
+
+def test_a_probe_times_a_case_as_the_sweep_does(monkeypatch):
+    """Probe.per_case: the cold per-case event timer with the probe's settings; Probe.batched: the cases'
+    launchers in one batch, a result for each."""
+    import importlib
+    import types
+
+    from dskbench import measure as core
+    from dskbench.measure import batch
+
+    monkeypatch.syspath_prepend(str(EVIDENCE))
+    shared = importlib.import_module("probe_setup")
+    calls = []
+    monkeypatch.setattr(
+        core, "measure", lambda launchers, **kw: calls.append(("per-case", launchers, kw)) or 1.0
+    )
+    monkeypatch.setattr(
+        batch,
+        "measure_batch",
+        lambda entries, **kw: calls.append(("batched", entries, kw)) or [2.0] * len(entries),
+    )
+    settings = object()
+    probe = shared.Probe(None, None, None, settings, {})
+    a, b = types.SimpleNamespace(launch="A"), types.SimpleNamespace(launch="B")
+    assert probe.per_case(a) == 1.0 and probe.batched([a, b]) == [2.0, 2.0]
+    assert calls[0] == (
+        "per-case",
+        ["A"],
+        {"device": "cuda", "mode": "cold", "capturable": True, "settings": settings},
+    )
+    assert calls[1] == ("batched", [["A"], ["B"]], {"device": "cuda", "settings": settings})

@@ -38,24 +38,16 @@ def show(m) -> str:
 def main() -> int:
     from probe_setup import setup
 
-    from dskbench import measure as core
-    from dskbench.measure import batch
-
     probe = setup("neighbor_probe.py")
     if probe is None:
         return 2
     light, heavy = probe.prepare_all(LIGHT), probe.prepare_all(HEAVY)
-    settings = probe.settings
     for n in (1, 2):
         print(f"== pass {n}: per-case | batched alone | with the light cases | with the heavy cases")
-        lights = batch.measure_batch([[p.launch] for _, p in light], device="cuda", settings=settings)
+        lights = probe.batched([p for _, p in light])
         for (case_id, p), with_light in zip(light, lights, strict=True):
-            per_case = core.measure(
-                [p.launch], device="cuda", mode="cold", capturable=True, settings=settings
-            )
-            alone = batch.measure_batch([[p.launch]], device="cuda", settings=settings)[0]
-            entries = [[p.launch]] + [[h.launch] for _, h in heavy]
-            with_heavy = batch.measure_batch(entries, device="cuda", settings=settings)[0]
+            per_case, alone = probe.per_case(p), probe.batched([p])[0]
+            with_heavy = probe.batched([p] + [h for _, h in heavy])[0]
             print(
                 f"{case_id[:56]:56s} {show(per_case)} | {show(alone)} | {show(with_light)} | {show(with_heavy)}"
             )

@@ -67,13 +67,14 @@ def main() -> int:
     import torch
     from probe_setup import setup
 
-    from dskbench import measure as core
-    from dskbench.measure import batch
-
     probe = setup("placement_probe.py", args.seeds_from)
     if probe is None:
         return 2
-    settings = probe.settings
+
+    def both(prep) -> str:
+        """The case timed by the batched timer alone, then by the per-case timer."""
+        return f"{show(probe.batched([prep])[0])} | {show(probe.per_case(prep))}"
+
     for spec in CASES:
         print(
             f"== {spec[0]} {spec[2]} {spec[3]} · {spec[-1]}: placement | inputs (segment:offset) | batched | per-case"
@@ -87,33 +88,20 @@ def main() -> int:
             if prep is None:
                 print(case_id)
                 break
-            alone = batch.measure_batch([[prep.launch]], device="cuda", settings=settings)[0]
-            per_case = core.measure(
-                [prep.launch], device="cuda", mode="cold", capturable=True, settings=settings
-            )
-            print(
-                f"{label:18s} | {addresses(prep.inputs):40s} | {show(alone)} | {show(per_case)}", flush=True
-            )
+            print(f"{label:18s} | {addresses(prep.inputs):40s} | {both(prep)}", flush=True)
             del prep, held
             torch.cuda.synchronize()
     _, first = probe.prepare(CASES[0])
     if first is None:
         return 0
 
-    def both() -> str:
-        alone = batch.measure_batch([[first.launch]], device="cuda", settings=settings)[0]
-        per_case = core.measure(
-            [first.launch], device="cuda", mode="cold", capturable=True, settings=settings
-        )
-        return f"{show(alone)} | {show(per_case)}"
-
     print(f"== {CASES[0][0]} {CASES[0][2]} {CASES[0][3]}: batched | per-case")
-    print(f"alone                              {both()}", flush=True)
+    print(f"alone                              {both(first)}", flush=True)
     held = [probe.prepare(spec)[1] for spec in BESIDE]
-    print(f"beside {sum(p is not None for p in held):3d} cases prepared and held   {both()}", flush=True)
+    print(f"beside {sum(p is not None for p in held):3d} cases prepared and held   {both(first)}", flush=True)
     del held
     torch.cuda.synchronize()
-    print(f"alone again                        {both()}", flush=True)
+    print(f"alone again                        {both(first)}", flush=True)
     return 0
 
 

@@ -42,6 +42,20 @@ class Probe:
 
         return prepare_named(self.shapes, self.registry, spec, self.device, self.seeds)
 
+    def per_case(self, prep: Any) -> Any:
+        """The case timed cold by the per-case event timer: its Measurement, or why not."""
+        from dskbench import measure as core
+
+        return core.measure(
+            [prep.launch], device="cuda", mode="cold", capturable=True, settings=self.settings
+        )
+
+    def batched(self, preps: list[Any]) -> list[Any]:
+        """The cases sampled together by the batched timer: a Measurement, or why not, for each."""
+        from dskbench.measure import batch
+
+        return batch.measure_batch([[p.launch] for p in preps], device="cuda", settings=self.settings)
+
     def prepare_all(self, specs: list[tuple]) -> list[tuple[str, Any]]:
         """(case id, Prepared) of each case that prepares; why not, printed, for the others."""
         out = []

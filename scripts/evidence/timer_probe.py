@@ -61,13 +61,12 @@ def main() -> int:
     import torch
     from probe_setup import setup
 
-    from dskbench import measure as core
     from dskbench.measure import batch
 
     probe = setup("timer_probe.py", args.seeds_from)
     if probe is None:
         return 2
-    settings, gap = probe.settings, probe.gap
+    gap = probe.gap
     print(f"launch gap: per-case cold {gap.get('cold_us')} us, batched cold {gap.get('batch_cold_us')} us")
     preps = []
     for spec in CASES:
@@ -79,12 +78,9 @@ def main() -> int:
         print(f"{case_id} · {spec[-1]}: seed {probe.seeds.get(case_id, 7)}")
     for n in (1, 2):
         print(f"== pass {n}: per-case | batched alone | in a batch of {len(preps)}")
-        together = batch.measure_batch([[p.launch] for _, p in preps], device="cuda", settings=settings)
+        together = probe.batched([p for _, p in preps])
         for (case_id, p), in_batch in zip(preps, together, strict=True):
-            per_case = core.measure(
-                [p.launch], device="cuda", mode="cold", capturable=True, settings=settings
-            )
-            alone = batch.measure_batch([[p.launch]], device="cuda", settings=settings)[0]
+            per_case, alone = probe.per_case(p), probe.batched([p])[0]
             print(f"{case_id[:60]:60s} {show(per_case)} | {show(alone)} | {show(in_batch)}")
     buf = batch.flush_buffer(0, 2 * torch.cuda.get_device_properties(0).L2_cache_size)
 
