@@ -242,6 +242,10 @@ def test_placement_probe_cases_exist_and_it_needs_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["placement_probe.py"])
     assert probe.main() == 2
     assert capsys.readouterr().err.strip() == "placement_probe.py: needs a CUDA GPU"
+    monkeypatch.setattr("sys.argv", ["placement_probe.py", "--seeds-from", "/nonexistent/r.jsonl"])
+    assert probe.main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("placement_probe.py: ") and "r.jsonl" in err[0]
 
 
 def test_a_probe_times_a_case_as_the_sweep_does(monkeypatch):

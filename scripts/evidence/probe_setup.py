@@ -69,16 +69,23 @@ class Probe:
 
 
 def setup(script: str, seeds: Path | None = None) -> Probe | None:
-    """The probe's set-up on a CUDA GPU; without one, None after a line on stderr naming the script."""
+    """The probe's set-up on a CUDA GPU; None after one line on stderr naming the script when there is no
+    GPU or the seeds' results file cannot be read."""
     from dskbench import measure as core
     from dskbench.device.info import DeviceInfo
     from dskbench.registry.load import load_registry
+    from dskbench.results.io import ResultsError
     from dskbench.shapes.cases import default_shapes
 
+    try:
+        case_seeds = seeds_from(seeds)
+    except (OSError, ValueError, ResultsError) as e:
+        print(f"{script}: {e}", file=sys.stderr)
+        return None
     device = DeviceInfo.detect("cuda")
     if device.kind != "cuda":
         print(f"{script}: needs a CUDA GPU", file=sys.stderr)
         return None
     gap = core.calibrate_launch_gap()
     settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
-    return Probe(device, default_shapes(), load_registry(), settings, gap, seeds_from(seeds))
+    return Probe(device, default_shapes(), load_registry(), settings, gap, case_seeds)
