@@ -16,7 +16,6 @@ programmatic edge and for the others.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import statistics
 import sys
@@ -25,28 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-PROGRAMMATIC = 1  # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-
-
-class EdgeData(ctypes.Structure):  # CUgraphEdgeData
-    _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte)] + [
-        ("reserved", ctypes.c_ubyte * 5)
-    ]
-
-
-def graph_edges(graph: int) -> list[tuple[int, int, int]]:
-    """(from node, to node, dependency type) of each edge of a cudaGraph_t, from the driver."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    get = getattr(lib, "cuGraphGetEdges_v2", None) or lib.cuGraphGetEdges  # CUDA 13 keeps one name
-    n = ctypes.c_size_t(0)
-    rc = get(ctypes.c_void_p(graph), None, None, None, ctypes.byref(n))
-    if rc != 0:
-        raise RuntimeError(f"cuGraphGetEdges returned {rc}")
-    src, dst, data = (ctypes.c_void_p * n.value)(), (ctypes.c_void_p * n.value)(), (EdgeData * n.value)()
-    rc = get(ctypes.c_void_p(graph), src, dst, data, ctypes.byref(n))
-    if rc != 0:
-        raise RuntimeError(f"cuGraphGetEdges returned {rc}")
-    return [(int(src[i] or 0), int(dst[i] or 0), int(data[i].type)) for i in range(n.value)]
+from dskbench.measure.graph_edges import PROGRAMMATIC, graph_edges, programmatic_from_roots  # noqa: E402
 
 
 def case_edges(launch, flush) -> dict[str, int]:
@@ -67,7 +45,7 @@ def case_edges(launch, flush) -> dict[str, int]:
     return {
         "nodes": len(nodes) or 2,
         "edges": len(edges),
-        "programmatic_from_flush": sum(1 for a, _ in prog if a in roots),
+        "programmatic_from_flush": programmatic_from_roots(edges),
         "programmatic_within": sum(1 for a, _ in prog if a not in roots),
     }
 
