@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dskbench.measure import MeasureSettings, cuda, cuda_graph, cuda_timer, graph_edges, measure  # noqa: E402
+from dskbench.measure import MeasureSettings, cuda, cuda_graph, cuda_timer, measure  # noqa: E402
 
 KERNEL_US = 3.0  # kernel time with L2 warm
 COLD_EXTRA_US = 1.5  # extra when L2 was just flushed
@@ -262,31 +262,23 @@ def test_graph_launch_gap_subtracted_and_raw_kept(sim: Sim, mode: str, expect: f
     assert min(m.samples_us) >= 0.0 and m.notes == []
 
 
-@pytest.mark.parametrize("programmatic", [True, False, None])
-def test_cold_graph_behind_a_programmatic_edge_has_no_gap_subtracted(
-    sim: Sim, monkeypatch, programmatic
-) -> None:
-    """A kernel launched during its flush (programmatic dependent launch) paid no gap at that boundary:
-    its cold graph samples keep their raw value and say why; a plain launch, or edges that could not be
-    read, keep the calibrated gap. Hot graphs are not asked."""
+def test_a_cold_graph_subtracts_the_gap_its_case_measured_and_notes_it(sim: Sim, monkeypatch) -> None:
+    """measure() asks pdl_gap for each cold graph case's gap (a kernel behind a programmatic edge has its
+    own, measured) and keeps its note; hot graphs keep the calibrated gap and are not asked."""
     asked = []
 
-    def edge(launch, flush):
-        asked.append(launch)
-        return programmatic
+    def case_gap(timer, calibrated):
+        asked.append(calibrated)
+        return 0.25, ["measured gap"]
 
-    monkeypatch.setattr(cuda, "follows_flush_programmatically", edge)
+    monkeypatch.setattr(cuda, "case_gap", case_gap)
     s = SETTINGS.with_(launch_gap_us={"hot": 0.5, "cold": 1.0})
     m = measure(launchers(sim, 2), mode="cold", settings=s)
-    assert m.method == "cuda-graph" and len(asked) == 1
-    if programmatic:
-        assert m.launch_gap_us == 0.0 and m.median_us == pytest.approx(m.raw_median_us, abs=0.02)
-        assert m.notes == [graph_edges.PDL_NOTE]
-    else:
-        assert m.launch_gap_us == 1.0 and m.median_us == pytest.approx(m.raw_median_us - 1.0, abs=0.02)
-        assert m.notes == []
+    assert m.method == "cuda-graph" and asked == [1.0]
+    assert m.launch_gap_us == 0.25 and m.median_us == pytest.approx(m.raw_median_us - 0.25, abs=0.02)
+    assert m.notes == ["measured gap"]
     m = measure(launchers(sim, 2), mode="hot", settings=s)
-    assert m.launch_gap_us == 0.5 and len(asked) == 1
+    assert m.launch_gap_us == 0.5 and asked == [1.0]
 
 
 def test_eager_without_its_calibration_is_not_corrected(sim: Sim) -> None:

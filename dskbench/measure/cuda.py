@@ -28,8 +28,8 @@ carries one graph start per replay (a few us over >= replay_target_us, well unde
 Launch gap: a graph sample is (kernel + the boundary to the next node) per launch, CUPTI's duration only
 the kernel; eager samples carry event and launch latency. MeasureSettings.launch_gap_us, measured
 against CUPTI by calibrate.py, is subtracted from every sample; raw_median_us keeps the uncorrected median.
-A cold graph whose kernel follows the flush over a programmatic edge pays no gap there and has none
-subtracted (graph_edges.py).
+A cold graph whose kernel follows the flush over a programmatic edge has its own gap measured against
+CUPTI instead (pdl_gap.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dskbench.measure.cuda_timer import (
     l2_bytes,
     sleep_rate,
 )
-from dskbench.measure.graph_edges import follows_flush_programmatically, gap_after_flush
+from dskbench.measure.pdl_gap import case_gap
 from dskbench.measure.sampling import assemble, drive, gap_for, launches_for, select_timer
 from dskbench.measure.settings import Measurement, MeasureSettings
 
@@ -288,7 +288,7 @@ def measure_cuda(
         if gap is None and settings.launch_gap_us:
             gap_notes.append(f"no launch gap calibrated for {timer.method} {mode}: samples not corrected")
         elif gap and isinstance(timer, GraphTimer) and timer.cold:
-            gap, gap_notes = gap_after_flush(gap, follows_flush_programmatically(launchers[0], timer.flush))
+            gap, gap_notes = case_gap(timer, gap)
         raw: list[float] = []
         t_sampling = time.perf_counter()
         try:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dskbench.measure.graph_edges import PROGRAMMATIC, graph_edges, programmatic_from_roots  # noqa: E402
+from dskbench.measure.pdl_gap import PROGRAMMATIC, graph_edges, programmatic_from_roots  # noqa: E402
 
 
 def case_edges(launch, flush) -> dict[str, int]:
