@@ -6,8 +6,10 @@ kernel and the graph-node boundary after the flush; the launch gap calibrated on
 behind the flush over an edge of programmatic type, and whether it still pays the boundary depends on
 the kernel: FlashInfer's norm kernels (what sgl-kernel's rmsnorm runs) do not, so the calibrated gap read
 them about 0.4 us short of CUPTI, while FlashInfer's rotary embedding and MoE gate do. So for such a case
-the gap is measured, not assumed: the event timer's per-pair time less CUPTI's span of the case in the
-same graph (from the flush's end, as the batched timer counts it), kept between 0 and the calibrated gap.
+the gap is measured, not assumed: the event timer's per-pair time less CUPTI's span of the case's own
+activities in the same graph (its first start to its last end, the span `dskbench fidelity` holds the
+timers to), kept between 0 and the calibrated gap. A kernel that starts during the flush and waits
+(FlashMLA's decode) spans more than the pair then, and gets no gap: its start was hidden by the flush.
 
 The edge types come from the CUDA driver (`cuGraphGetEdges_v2`; CUDA 13 keeps only that signature, as
 `cuGraphGetEdges`), read from a throwaway capture of one [flush, launch] pair.
@@ -87,8 +89,8 @@ def follows_flush_programmatically(launch: Callable[[], Any], flush: Callable[[]
 
 def pair_spans_us(acts: Sequence[Activity], pairs: int) -> list[float]:
     """Each pair's span in us, from the device activities of one replay of [flush, launch] x `pairs` (in
-    start order, the profiler's own removed): from the flush's end, or the case's first start if later,
-    to the case's last end. [] when the activities do not split into `pairs` equal groups."""
+    start order, the profiler's own removed): the case's first start to its last end. [] when the
+    activities do not split into `pairs` equal groups of a flush and the case's own."""
     if pairs < 1 or not acts or len(acts) % pairs:
         return []
     per = len(acts) // pairs
@@ -96,9 +98,8 @@ def pair_spans_us(acts: Sequence[Activity], pairs: int) -> list[float]:
         return []
     out = []
     for k in range(pairs):
-        flush, own = acts[k * per], acts[k * per + 1 : (k + 1) * per]
-        start = max(min(a[1] for a in own), flush[2])
-        out.append(max(0, max(a[2] for a in own) - start) / 1000.0)
+        own = acts[k * per + 1 : (k + 1) * per]
+        out.append(max(0, max(a[2] for a in own) - min(a[1] for a in own)) / 1000.0)
     return out
 
 
