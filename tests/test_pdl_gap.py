@@ -8,7 +8,7 @@ import ctypes
 import pytest
 import torch
 
-from dskbench.measure import batch
+from dskbench.measure import cupti_session
 from dskbench.measure import pdl_gap as ge
 
 
@@ -108,7 +108,7 @@ class FakeTimer:
 
 def test_case_gap_keeps_the_calibrated_gap_for_a_plain_launch_without_profiling(monkeypatch):
     monkeypatch.setattr(ge, "follows_flush_programmatically", lambda launch, flush: False)
-    monkeypatch.setattr(batch, "_profile", lambda queue: pytest.fail("profiled a plain launch"))
+    monkeypatch.setattr(cupti_session, "profile", lambda queue: pytest.fail("profiled a plain launch"))
     assert ge.case_gap(FakeTimer(3.4, 4), 0.41) == (0.41, [])
 
 
@@ -120,7 +120,7 @@ def test_case_gap_behind_a_programmatic_edge_is_measured_and_said(monkeypatch):
         queue()
         return acts([(1000, [(1700, 4700)]), (6000, [(6600, 9600)])])  # spans of 3.0 us
 
-    monkeypatch.setattr(batch, "_profile", profile)
+    monkeypatch.setattr(cupti_session, "profile", profile)
     gap, notes = ge.case_gap(timer, 0.41)
     assert gap == pytest.approx(0.1) and timer.replayed == 1
     assert notes == [ge.PDL_NOTE.format(gap=gap, calibrated=0.41)]
@@ -128,14 +128,14 @@ def test_case_gap_behind_a_programmatic_edge_is_measured_and_said(monkeypatch):
 
 def test_case_gap_keeps_the_calibrated_gap_and_says_why_when_cupti_cannot_read_the_graph(monkeypatch):
     monkeypatch.setattr(ge, "follows_flush_programmatically", lambda launch, flush: True)
-    monkeypatch.setattr(batch, "_profile", lambda queue: acts([(1000, [(1300, 2000)])]))  # 1 pair of 2
+    monkeypatch.setattr(cupti_session, "profile", lambda queue: acts([(1000, [(1300, 2000)])]))  # 1 pair of 2
     gap, notes = ge.case_gap(FakeTimer(3.1, 2), 0.41)
     assert gap == 0.41 and notes == [ge.UNMEASURED_NOTE.format(why="2 activities for 2 pairs")]
 
     def no_cupti(queue):
         raise RuntimeError("CUPTI unavailable")
 
-    monkeypatch.setattr(batch, "_profile", no_cupti)
+    monkeypatch.setattr(cupti_session, "profile", no_cupti)
     gap, notes = ge.case_gap(FakeTimer(3.1, 2), 0.41)
     assert gap == 0.41 and "RuntimeError: CUPTI unavailable" in notes[0]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from dskbench.measure import cross_check, nvml
+from dskbench.measure import cross_check, cupti_session, nvml
 from dskbench.measure.batch_spans import (
     EARLY_NOTE,
     JITTER_NS,
@@ -76,56 +76,13 @@ def cupti_available() -> bool:
 
 
 def _profile(queue: Callable[[], None]) -> list[tuple[str, int, int]]:
-    """Device activities (name, start_ns, end_ns) of what `queue` launches, from one profiler session.
-
-    Through the profiler's low-level switches: torch.profiler.profile turns every event into a Python
-    object on exit, which for the thousands of launches of a chunk cost far more than the chunk itself."""
-    from torch.autograd import DeviceType
-
-    result = _session(queue)
-    out = []
-    for e in result.events():
-        if e.device_type() == DeviceType.CUDA:
-            start = int(e.start_ns())
-            out.append((e.name(), start, start + int(e.duration_ns())))
-    return out
+    """Device activities (name, start_ns, end_ns) of what `queue` launches, from one profiler session
+    (cupti_session.py); through `_session`, which a probe may wrap to time it."""
+    return cupti_session.cuda_activities(_session(queue))
 
 
 def _session(queue: Callable[[], None]) -> Any:
-    """One CUDA-activity profiler session around `queue` (and a synchronisation): its raw result."""
-    from torch._C._profiler import ProfilerActivity, _ExperimentalConfig
-    from torch.autograd import (
-        ProfilerConfig,
-        ProfilerState,
-        _disable_profiler,
-        _enable_profiler,
-        _prepare_profiler,
-    )
-
-    try:
-        config = ProfilerConfig(
-            ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig()
-        )
-    except TypeError:  # another torch's signature: the public profiler, slower but the same records
-        return _public_session(queue)
-    activities = {ProfilerActivity.CUDA}
-    _prepare_profiler(config, activities)
-    _enable_profiler(config, activities)
-    try:
-        queue()
-        torch.cuda.synchronize()
-    finally:
-        result = _disable_profiler()
-    return result
-
-
-def _public_session(queue: Callable[[], None]) -> Any:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        queue()
-        torch.cuda.synchronize()
-    return prof.profiler.kineto_results
+    return cupti_session.session(queue)
 
 
 _flush: dict[tuple[int, int], torch.Tensor] = {}

@@ -22,6 +22,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dskbench.measure import cupti_session
+from dskbench.measure.batch_spans import device_activities
+
 PROGRAMMATIC = 1  # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
 MEASURE_REPLAYS = 5  # event-timed replays of each graph for the per-pair time
 
@@ -112,12 +115,9 @@ def case_gap(timer: Any, calibrated: float) -> tuple[float, list[str]]:
     """The launch gap to subtract from a prepared cold GraphTimer's samples, and the record's notes."""
     if not follows_flush_programmatically(timer.launchers[0], timer.flush):
         return calibrated, []
-    from dskbench.measure import batch  # imports this module's importer (cuda.py)
-    from dskbench.measure.batch_spans import device_activities
-
     try:
         pair = timer.pair_us(MEASURE_REPLAYS)
-        acts = device_activities(batch._profile(lambda: timer.graphs[0].replay()))
+        acts = device_activities(cupti_session.profile(lambda: timer.graphs[0].replay()))
         spans = pair_spans_us(acts, timer.n)
     except Exception as e:  # noqa: BLE001 - no CUPTI on this box: keep the calibrated gap, and say so
         return calibrated, [UNMEASURED_NOTE.format(why=f"{type(e).__name__}: {e}"[:200])]
