@@ -17,7 +17,6 @@ A state that moves the level names its cause; one that does not rules it out.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -40,18 +39,15 @@ def kernel_durations(lines: list[str]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds-from", type=Path, help="results file whose records give each case's seed")
-    args = ap.parse_args()
 
     import torch
     from placement_probe import BESIDE, CASES
-    from probe_setup import setup
+    from probe_setup import setup_from_argv
     from timer_probe import activities
 
     from dskbench.measure import batch
 
-    probe = setup("moe_align_probe.py", args.seeds_from)
+    probe = setup_from_argv("moe_align_probe.py", __doc__)
     if probe is None:
         return 2
     spec = CASES[0]

@@ -11,7 +11,6 @@ the per-case and batched readings agree within the fidelity target (3%, or 0.3 u
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -41,13 +40,10 @@ def line(case_id: str, backend: str, per_case, batched) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds-from", type=Path, help="results file whose records give each case's seed")
-    args = ap.parse_args()
 
-    from probe_setup import setup
+    from probe_setup import setup_from_argv
 
-    probe = setup("pdl_gap_probe.py", args.seeds_from)
+    probe = setup_from_argv("pdl_gap_probe.py", __doc__)
     if probe is None:
         return 2
     print(f"calibrated launch gap: per-case cold {probe.gap.get('cold_us')} us", flush=True)

@@ -13,7 +13,6 @@ Every case uses its seed in RESULTS (`--seeds-from`) or 7.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -60,14 +59,11 @@ def show(m) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds-from", type=Path, help="results file whose records give each case's seed")
-    args = ap.parse_args()
 
     import torch
-    from probe_setup import setup
+    from probe_setup import setup_from_argv
 
-    probe = setup("placement_probe.py", args.seeds_from)
+    probe = setup_from_argv("placement_probe.py", __doc__)
     if probe is None:
         return 2
 

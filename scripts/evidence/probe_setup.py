@@ -89,3 +89,13 @@ def setup(script: str, seeds: Path | None = None) -> Probe | None:
     gap = core.calibrate_launch_gap()
     settings = core.settings_with_gap(core.MeasureSettings(), {"launch_gap": gap})
     return Probe(device, default_shapes(), load_registry(), settings, gap, case_seeds)
+
+
+def setup_from_argv(script: str, doc: str) -> Probe | None:
+    """A probe's command line parsed (`--seeds-from RESULTS`, its docstring's first line as help), then
+    setup(): how each probe that times a sweep's cases starts."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=script, description=doc.splitlines()[0])
+    ap.add_argument("--seeds-from", type=Path, help="results file whose records give each case's seed")
+    return setup(script, ap.parse_args().seeds_from)

@@ -12,7 +12,6 @@ Edit CASES to probe others (kernel, op[:variant], phase, point, backend).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -54,16 +53,13 @@ def activities(graph, replays: int, flush_marker: str) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds-from", type=Path, help="results file whose records give each case's seed")
-    args = ap.parse_args()
 
     import torch
-    from probe_setup import setup
+    from probe_setup import setup_from_argv
 
     from dskbench.measure import batch
 
-    probe = setup("timer_probe.py", args.seeds_from)
+    probe = setup_from_argv("timer_probe.py", __doc__)
     if probe is None:
         return 2
     gap = probe.gap
