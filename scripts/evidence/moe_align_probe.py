@@ -11,6 +11,10 @@ these states:
   all of them with it, first and last; after batches of it with each of six siblings; after the siblings
   are freed; prepared again.
 - footprint: prepared again while 1-96 GiB are held in one block, then while 512-16384 1 MiB blocks are.
+- flush: both timers' flush buffers (2 x L2 each, allocated once per process) dropped and allocated
+  again behind a padding of 0-4096 MiB, so that they sit elsewhere in memory. The flush leaves L2 full of
+  its dirty lines, and which L2 sets those fill follows where the buffer sits: a level that moves here is
+  set by where the flush's buffer is, which each process, and each timer, places on its own.
 
 A state that moves the level names its cause; one that does not rules it out.
 """
@@ -25,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_setup, beside 
 
 HELD_GIB = [1, 4, 16, 48, 96]
 HELD_MIB_BLOCKS = [512, 4096, 16384]
+FLUSH_PADDING_MIB = [0, 2, 64, 512, 4096, 0]
 PAIRED = 6  # siblings batched in turn with the case
 
 
@@ -39,13 +44,12 @@ def kernel_durations(lines: list[str]) -> str:
 
 
 def main() -> int:
-
     import torch
     from placement_probe import BESIDE, CASES
     from probe_setup import setup_from_argv
     from timer_probe import activities
 
-    from dskbench.measure import batch
+    from dskbench.measure import batch, cuda_timer
 
     probe = setup_from_argv("moe_align_probe.py", __doc__)
     if probe is None:
@@ -56,10 +60,11 @@ def main() -> int:
         print(case_id)
         return 0
     print(f"{case_id} · {spec[-1]}: seed {probe.seeds.get(case_id, 7)}")
-    buf = batch.flush_buffer(0, 2 * torch.cuda.get_device_properties(0).L2_cache_size)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
 
     def state(label: str) -> None:
         per_case, alone = probe.per_case(case), probe.batched([case])[0]
+        buf = batch.flush_buffer(0, 2 * l2)  # the batched timer's, as its own flush graph uses it
         kernels = kernel_durations(activities(batch._capture(case.launch, buf.zero_), 2, batch.MARKER))
         print(f"{label:36s} per-case {show(per_case)} batched {show(alone)} | {kernels}", flush=True)
 
@@ -98,6 +103,19 @@ def main() -> int:
         _, case = probe.prepare(spec)
         state(f"{n} x 1 MiB held")
         del blocks
+
+    print("== flush")
+    for mib in FLUSH_PADDING_MIB:
+        batch._flush.clear()
+        cuda_timer._flush_buffers.clear()
+        torch.cuda.empty_cache()
+        padding = torch.empty(mib << 20, dtype=torch.uint8, device="cuda") if mib else None
+        state(f"flush buffers anew after {mib} MiB")  # each timer allocates its buffer at first use
+        where = [
+            f"{b.data_ptr() >> 20} MiB" for b in (*batch._flush.values(), *cuda_timer._flush_buffers.values())
+        ]
+        print(f"{'':36s} flush buffers at {', '.join(where)} (batched, per-case)", flush=True)
+        del padding
     return 0
 
 

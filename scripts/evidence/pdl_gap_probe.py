@@ -40,7 +40,6 @@ def line(case_id: str, backend: str, per_case, batched) -> str:
 
 
 def main() -> int:
-
     from probe_setup import setup_from_argv
 
     probe = setup_from_argv("pdl_gap_probe.py", __doc__)

@@ -59,7 +59,6 @@ def show(m) -> str:
 
 
 def main() -> int:
-
     import torch
     from probe_setup import setup_from_argv
 

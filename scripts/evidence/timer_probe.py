@@ -53,7 +53,6 @@ def activities(graph, replays: int, flush_marker: str) -> list[str]:
 
 
 def main() -> int:
-
     import torch
     from probe_setup import setup_from_argv
 
