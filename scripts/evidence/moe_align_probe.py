@@ -14,7 +14,8 @@ these states:
 - flush: both timers' flush buffers (2 x L2 each, allocated once per process) dropped and allocated
   again behind a padding of 0-4096 MiB, so that they sit elsewhere in memory. The flush leaves L2 full of
   its dirty lines, and which L2 sets those fill follows where the buffer sits: a level that moves here is
-  set by where the flush's buffer is, which each process, and each timer, places on its own.
+  set by where the flush's buffer is, which each process, and each timer, places on its own. Each
+  placement is also read per case with the read flush, which leaves L2's lines clean.
 
 A state that moves the level names its cause; one that does not rules it out.
 """
@@ -49,6 +50,7 @@ def main() -> int:
     from probe_setup import setup_from_argv
     from timer_probe import activities
 
+    from dskbench import measure as core
     from dskbench.measure import batch, cuda_timer
 
     probe = setup_from_argv("moe_align_probe.py", __doc__)
@@ -105,6 +107,7 @@ def main() -> int:
         del blocks
 
     print("== flush")
+    read_flush = probe.settings.with_(flush_kind="read")
     for mib in FLUSH_PADDING_MIB:
         batch._flush.clear()
         cuda_timer._flush_buffers.clear()
@@ -115,6 +118,8 @@ def main() -> int:
             f"{b.data_ptr() >> 20} MiB" for b in (*batch._flush.values(), *cuda_timer._flush_buffers.values())
         ]
         print(f"{'':36s} flush buffers at {', '.join(where)} (batched, per-case)", flush=True)
+        read = core.measure([case.launch], device="cuda", mode="cold", capturable=True, settings=read_flush)
+        print(f"{'':36s} per-case with the read flush (clean lines) {show(read)}", flush=True)
         del padding
     return 0
 
