@@ -1,11 +1,11 @@
 """The per-case cold timer's launch gap for a kernel that follows its flush over a programmatic edge.
 
 Why: a sample of the cold graph timer is ([flush, launch] x n less [flush] x n) / n, which holds the
-kernel and the graph-node boundary after the flush; the launch gap calibrated on plain kernels (about
-0.3-0.4 us) removes that boundary. A kernel launched with programmatic dependent launch (PDL) is captured
-behind the flush over an edge of programmatic type, and whether it still pays the boundary depends on
-the kernel: FlashInfer's norm kernels (what sgl-kernel's rmsnorm runs) do not, so the calibrated gap read
-them about 0.4 us short of CUPTI, while FlashInfer's rotary embedding and MoE gate do. So for such a case
+kernel and the graph-node boundary after the flush; the launch gap calibrated on plain kernels removes
+that boundary. A kernel launched with programmatic dependent launch (PDL) is captured behind the flush
+over an edge of programmatic type, and whether it still pays the boundary depends on the kernel:
+FlashInfer's norm kernels (what sgl-kernel's rmsnorm runs) do not, so the calibrated gap read them short
+of CUPTI, while SGLang's JIT rotary embedding and FlashInfer's MoE gate can. So for such a case
 the gap is measured, not assumed: the event timer's per-pair time less CUPTI's span of the case's own
 activities in the same graph (its first start to its last end, the span `dskbench fidelity` holds the
 timers to), kept between 0 and the calibrated gap. A kernel that starts during the flush and waits
