@@ -6,6 +6,7 @@ for a batched case, CUPTI for an event-timed one, dskbench.measure.cross_check) 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -106,11 +107,22 @@ class Clock:
 
 
 def cases(
-    dev: Device, kernels_ns: list[int], settings: MeasureSettings, hidden_ns: list[int] | None = None
+    dev: Device,
+    kernels_ns: list[int],
+    settings: MeasureSettings,
+    hidden_ns: list[int] | None = None,
+    graph: Callable[[Device, int, int], Graph] | None = None,
 ) -> dict[int, batch.BatchCase]:
+    """A started BatchCase for each kernel time, its graph `graph(dev, ns, i)` (a jittered Graph by
+    default), its estimate the replay of flush, kernel and gap."""
     out = {}
     for i, ns in enumerate(kernels_ns):
-        c = batch.BatchCase([Graph(dev, ns, ns // 50, i, (hidden_ns or [0] * len(kernels_ns))[i])])
+        g = (
+            graph(dev, ns, i)
+            if graph
+            else Graph(dev, ns, ns // 50, i, (hidden_ns or [0] * len(kernels_ns))[i])
+        )
+        c = batch.BatchCase([g])
         c.est_us = (27_500 + ns + 1_000) / 1000
         c.start(settings)
         out[i] = c
@@ -165,12 +177,7 @@ class NeighbourGraph(Graph):
 def test_a_case_is_sampled_back_to_back_so_its_reading_does_not_depend_on_its_neighbours(device):
     s = MeasureSettings(cooldown=0.0)
     kernels = [3_000, 9_000, 150_000]  # 3 us, 9 us, 150 us
-    got = {}
-    for i, ns in enumerate(kernels):
-        c = batch.BatchCase([NeighbourGraph(device, ns, 0, i)])
-        c.est_us = (27_500 + ns + 1_000) / 1000
-        c.start(s)
-        got[i] = c
+    got = cases(device, kernels, s, graph=lambda dev, ns, i: NeighbourGraph(dev, ns, 0, i))
     batch.sample_rounds(got, lambda: None, s, [], gap=None)
     for ns, c in zip(kernels, got.values(), strict=True):
         # the first replay after another case's is dropped: every sample is the kernel after itself
@@ -211,13 +218,7 @@ def test_a_batchs_light_cases_are_sampled_before_its_heavy_ones_never_beside_the
     kernels = [3_000, 9_000, 1_500_000, 900_000]  # 3 us, 9 us beside two prefill-sized GEMMs
 
     def fresh() -> dict[int, batch.BatchCase]:
-        got = {}
-        for i, ns in enumerate(kernels):
-            c = batch.BatchCase([PowerGraph(device, ns, 0, i)])
-            c.est_us = (27_500 + ns + 1_000) / 1000
-            c.start(s)
-            got[i] = c
-        return got
+        return cases(device, kernels, s, graph=lambda dev, ns, i: PowerGraph(dev, ns, 0, i))
 
     got = fresh()
     batch.sample_by_weight(got, lambda: None, s, [], gap=None)

@@ -3,35 +3,19 @@ file, what they print is read right, and without a GPU each says so in one line.
 
 from __future__ import annotations
 
-import importlib.util
 import types
-from pathlib import Path
 
 import pytest
 
-EVIDENCE = Path(__file__).resolve().parents[1] / "scripts" / "evidence"
-
-
-def load(name: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, EVIDENCE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.evidence_support import assert_cases_exist, load_script
 
 
 def test_pdl_gap_probe_cases_are_cases_of_the_shapes_file():
-    from dskbench.execution.fidelity import find_case
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
-
-    shapes, registry = default_shapes(), load_registry()
-    for kernel, op, phase, point, backend in load("pdl_gap_probe").CASES:
-        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
-        assert case is not None, why
+    assert_cases_exist(load_script("pdl_gap_probe").CASES)
 
 
 def test_pdl_gap_probe_line_shows_the_gap_and_its_note_or_why_a_timer_did_not_time():
-    probe = load("pdl_gap_probe")
+    probe = load_script("pdl_gap_probe")
     per_case = types.SimpleNamespace(
         median_us=2.51,
         raw_median_us=2.51,
@@ -45,7 +29,7 @@ def test_pdl_gap_probe_line_shows_the_gap_and_its_note_or_why_a_timer_did_not_ti
 
 
 def test_moe_align_probe_reads_the_last_replays_kernels_from_the_activity_lines():
-    probe = load("moe_align_probe")
+    probe = load_script("moe_align_probe")
     lines = [
         "   flush    27.87 us",
         "       0.29 +   27.04 us  void moe_align_block_size_kernel<int>(int const*, int*)",
@@ -61,7 +45,7 @@ def test_moe_align_probe_reads_the_last_replays_kernels_from_the_activity_lines(
 def test_each_probe_needs_a_gpu_and_says_so_in_one_line(name, capsys, monkeypatch):
     if __import__("torch").cuda.is_available():
         pytest.skip("checks the message a machine without a GPU gets")
-    probe = load(name)
+    probe = load_script(name)
     monkeypatch.setattr("sys.argv", [f"{name}.py"])
     assert probe.main() == 2
     assert capsys.readouterr().err.strip() == f"{name}.py: needs a CUDA GPU"

@@ -4,32 +4,18 @@ in one line."""
 
 from __future__ import annotations
 
+import importlib
 import json
-from pathlib import Path
 
 from dskbench.results.io import ResultsWriter, environment_record, result_record
-
-EVIDENCE = Path(__file__).resolve().parents[1] / "scripts" / "evidence"
+from tests.evidence_support import EVIDENCE, assert_cases_exist, load_script
 
 
 def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path, capsys, monkeypatch):
     """The timer probe's cases are cases of the shapes file (it would print 'no case' otherwise), and a
     results file gives each its seed, so the probe times the sweep's own inputs."""
-    import importlib.util
-
-    from dskbench.execution.fidelity import find_case
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
-
-    spec = importlib.util.spec_from_file_location("timer_probe", EVIDENCE / "timer_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    shapes, registry = default_shapes(), load_registry()
-    ids = []
-    for kernel, op, phase, point, backend in probe.CASES:
-        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
-        assert case is not None, why
-        ids.append(case.id)
+    probe = load_script("timer_probe")
+    ids = assert_cases_exist(probe.CASES)
     path = tmp_path / "r.jsonl"
     with ResultsWriter(path) as w:
         w.write(
@@ -55,19 +41,8 @@ def test_timer_probe_cases_exist_and_take_the_sweeps_seeds(tmp_path, capsys, mon
 def test_first_launch_probe_cases_exist_and_it_needs_a_gpu(capsys):
     """The first-launch probe's cases are cases of the shapes file, and on a machine without a GPU it says
     so in one line and exits 2."""
-    import importlib.util
-
-    from dskbench.execution.fidelity import find_case
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
-
-    spec = importlib.util.spec_from_file_location("first_launch_probe", EVIDENCE / "first_launch_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    shapes, registry = default_shapes(), load_registry()
-    for kernel, op, phase, point, backend in probe.CASES:
-        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
-        assert case is not None, why
+    probe = load_script("first_launch_probe")
+    assert_cases_exist(probe.CASES)
     if __import__("torch").cuda.is_available():
         return
     assert probe.main([]) == 2
@@ -77,13 +52,9 @@ def test_first_launch_probe_cases_exist_and_it_needs_a_gpu(capsys):
 def test_pdl_edges_split_counts_the_verdicts_of_each_kind_of_edge_apart(tmp_path, capsys):
     """split: compare's verdicts and the median change, counted apart for the cases flagged as following
     the flush over a programmatic edge; on a machine without a GPU, probe says so in one line."""
-    import importlib.util
-
     from fake_results import fake_runs, write_runs
 
-    spec = importlib.util.spec_from_file_location("pdl_edges", EVIDENCE / "pdl_edges.py")
-    pdl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pdl)
+    pdl = load_script("pdl_edges")
     r1, r2, *_ = fake_runs()  # rmsnorm/sgl_kernel 25% slower in r2, silu_and_mul/flashinfer 15% faster
     old, new = write_runs([r1], tmp_path / "old.jsonl"), write_runs([r2], tmp_path / "new.jsonl")
     rows = [
@@ -115,19 +86,8 @@ def test_pdl_edges_split_counts_the_verdicts_of_each_kind_of_edge_apart(tmp_path
 def test_neighbor_probe_cases_exist_and_it_needs_a_gpu(capsys):
     """The neighbour probe's light and heavy cases are cases of the shapes file; without a GPU it says so
     in one line and exits 2."""
-    import importlib.util
-
-    from dskbench.execution.fidelity import find_case
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
-
-    spec = importlib.util.spec_from_file_location("neighbor_probe", EVIDENCE / "neighbor_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    shapes, registry = default_shapes(), load_registry()
-    for kernel, op, phase, point, backend in probe.LIGHT + probe.HEAVY:
-        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
-        assert case is not None, why
+    probe = load_script("neighbor_probe")
+    assert_cases_exist(probe.LIGHT + probe.HEAVY)
     if __import__("torch").cuda.is_available():
         return
     assert probe.main() == 2
@@ -159,11 +119,7 @@ def test_a_named_case_is_prepared_with_its_seed_or_says_in_one_line_why_not():
 
 
 def test_pdl_edges_split_names_a_missing_or_malformed_file_in_one_line(tmp_path, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pdl_edges", EVIDENCE / "pdl_edges.py")
-    pdl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pdl)
+    pdl = load_script("pdl_edges")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     assert pdl.main(["split", str(tmp_path / "none.jsonl"), "a", "--", "b"]) == 2
@@ -177,13 +133,10 @@ def test_timer_arbiter_says_which_timer_the_per_case_graphs_cupti_reading_is_nea
     """Each slower/faster case with both timers' kernel times and their cross-checks, and the side the
     per-case record's CUPTI reading is nearer; a missing file is one line, no trace."""
     import copy
-    import importlib.util
 
     from fake_results import fake_runs, write_runs
 
-    spec = importlib.util.spec_from_file_location("timer_arbiter", EVIDENCE / "timer_arbiter.py")
-    arb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(arb)
+    arb = load_script("timer_arbiter")
     r1, r2, *_ = fake_runs()  # rmsnorm/sgl_kernel 25% slower in r2, silu_and_mul/flashinfer 15% faster
     r1 = copy.deepcopy(r1)
     new = {(r["case_id"], r["backend"]["name"]): r for r in r2.results if r.get("status") == "ok"}
@@ -214,19 +167,8 @@ def test_timer_arbiter_says_which_timer_the_per_case_graphs_cupti_reading_is_nea
 def test_placement_probe_cases_exist_and_it_needs_a_gpu(capsys, monkeypatch):
     """The placement probe's cases are cases of the shapes file, its paddings distinct; without a GPU it
     says so in one line and exits 2."""
-    import importlib.util
-
-    from dskbench.execution.fidelity import find_case
-    from dskbench.registry.load import load_registry
-    from dskbench.shapes.cases import default_shapes
-
-    spec = importlib.util.spec_from_file_location("placement_probe", EVIDENCE / "placement_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    shapes, registry = default_shapes(), load_registry()
-    for kernel, op, phase, point, backend in probe.CASES + probe.BESIDE:
-        case, why = find_case(shapes, registry, kernel, op, phase, point, backend)
-        assert case is not None, why
+    probe = load_script("placement_probe")
+    assert_cases_exist(probe.CASES + probe.BESIDE)
     assert len(set(probe.PADDINGS_KB)) == len(probe.PADDINGS_KB) > 1
     assert len(set(probe.SEGMENT_FILLS)) == len(probe.SEGMENT_FILLS) > 1
     torch = __import__("torch")
@@ -251,7 +193,6 @@ def test_placement_probe_cases_exist_and_it_needs_a_gpu(capsys, monkeypatch):
 def test_a_probe_times_a_case_as_the_sweep_does(monkeypatch):
     """Probe.per_case: the cold per-case event timer with the probe's settings; Probe.batched: the cases'
     launchers in one batch, a result for each."""
-    import importlib
     import types
 
     from dskbench import measure as core

@@ -69,9 +69,9 @@ def programmatic_from_roots(edges: Sequence[Edge]) -> int:
     return sum(1 for a, _, t in edges if t == PROGRAMMATIC and a not in targets)
 
 
-def follows_flush_programmatically(launch: Callable[[], Any], flush: Callable[[], None]) -> bool | None:
-    """True when `launch`, captured behind `flush`, starts over a programmatic edge; None when the graph
-    or the driver cannot say (the caller then keeps the calibrated gap)."""
+def flush_launch_edges(launch: Callable[[], Any], flush: Callable[[], None]) -> list[Edge]:
+    """The edges of a throwaway capture of [flush, launch], read from the driver; raises where the graph or
+    the driver cannot say (an older torch, a driver without the call, a failed capture)."""
     import torch
 
     stream = torch.cuda.current_stream()
@@ -81,13 +81,22 @@ def follows_flush_programmatically(launch: Callable[[], Any], flush: Callable[[]
         with torch.cuda.graph(g, capture_error_mode="thread_local"):
             flush()
             launch()
-        return programmatic_from_roots(graph_edges(g.raw_cuda_graph())) > 0
-    except (OSError, RuntimeError, AttributeError, TypeError):  # an older torch, a driver without the call
+        return graph_edges(g.raw_cuda_graph())
+    except Exception:
         torch.cuda.set_stream(stream)  # a failed capture_end leaves the capture stream current
-        return None
+        raise
     finally:
         if g is not None:
             g.reset()
+
+
+def follows_flush_programmatically(launch: Callable[[], Any], flush: Callable[[], None]) -> bool | None:
+    """True when `launch`, captured behind `flush`, starts over a programmatic edge; None when the graph
+    or the driver cannot say (the caller then keeps the calibrated gap)."""
+    try:
+        return programmatic_from_roots(flush_launch_edges(launch, flush)) > 0
+    except (OSError, RuntimeError, AttributeError, TypeError):
+        return None
 
 
 def pair_spans_us(acts: Sequence[Activity], pairs: int) -> list[float]:

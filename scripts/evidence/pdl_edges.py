@@ -24,21 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dskbench.measure.pdl_gap import PROGRAMMATIC, graph_edges, programmatic_from_roots  # noqa: E402
+from dskbench.measure.pdl_gap import PROGRAMMATIC, flush_launch_edges, programmatic_from_roots  # noqa: E402
 
 
 def case_edges(launch, flush) -> dict[str, int]:
     """Nodes and programmatic edges of one [flush, launch] graph (the flush: the node nothing precedes)."""
-    import torch
-
-    g = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
-        flush()
-        launch()
-    try:
-        edges = graph_edges(g.raw_cuda_graph())
-    finally:
-        g.reset()
+    edges = flush_launch_edges(launch, flush)
     nodes = {a for a, _, _ in edges} | {b for _, b, _ in edges}
     roots = nodes - {b for _, b, _ in edges}
     prog = [(a, b) for a, b, t in edges if t == PROGRAMMATIC]
