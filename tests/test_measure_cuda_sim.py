@@ -263,12 +263,14 @@ def test_graph_launch_gap_subtracted_and_raw_kept(sim: Sim, mode: str, expect: f
 
 
 def test_a_cold_graph_subtracts_the_gap_its_case_measured_and_notes_it(sim: Sim, monkeypatch) -> None:
-    """measure() asks pdl_gap for each cold graph case's gap (a kernel behind a programmatic edge has its
-    own, measured) and keeps its note; hot graphs keep the calibrated gap and are not asked."""
+    """measure() asks pdl_gap for each cold graph case's gap once it is sampled, with the uncorrected
+    samples (a kernel behind a programmatic edge has its own gap, measured), corrects the samples by it and
+    keeps its note; hot graphs keep the calibrated gap and are not asked."""
     asked = []
 
-    def case_gap(timer, calibrated):
+    def case_gap(timer, raw, calibrated):
         asked.append(calibrated)
+        assert len(raw) >= 3 and min(raw) > calibrated  # the samples taken, before any correction
         return 0.25, ["measured gap"]
 
     monkeypatch.setattr(cuda, "case_gap", case_gap)
@@ -276,6 +278,7 @@ def test_a_cold_graph_subtracts_the_gap_its_case_measured_and_notes_it(sim: Sim,
     m = measure(launchers(sim, 2), mode="cold", settings=s)
     assert m.method == "cuda-graph" and asked == [1.0]
     assert m.launch_gap_us == 0.25 and m.median_us == pytest.approx(m.raw_median_us - 0.25, abs=0.02)
+    assert min(m.samples_us) > m.raw_median_us - 1.0  # every sample less 0.25, none less the calibrated 1.0
     assert m.notes == ["measured gap"]
     m = measure(launchers(sim, 2), mode="hot", settings=s)
     assert m.launch_gap_us == 0.5 and asked == [1.0]

@@ -92,28 +92,28 @@ def test_the_measured_gap_is_the_per_pair_time_less_the_cupti_span_between_0_and
 
 
 class FakeTimer:
-    def __init__(self, pair_us: float, n: int) -> None:
-        self.launchers, self.n, self.pair, self.graphs = [lambda: None], n, pair_us, [self]
+    def __init__(self, n: int) -> None:
+        self.launchers, self.n, self.graphs = [lambda: None], n, [self]
         self.replayed = 0
 
     def flush(self) -> None:
         pass
 
-    def pair_us(self, reps: int) -> float:
-        return self.pair
-
     def replay(self) -> None:
         self.replayed += 1
+
+
+RAW = [3.0, 3.1, 3.2, 3.1, 3.1]  # uncorrected samples, median 3.1
 
 
 def test_case_gap_keeps_the_calibrated_gap_for_a_plain_launch_without_profiling(monkeypatch):
     monkeypatch.setattr(ge, "follows_flush_programmatically", lambda launch, flush: False)
     monkeypatch.setattr(cupti_session, "profile", lambda queue: pytest.fail("profiled a plain launch"))
-    assert ge.case_gap(FakeTimer(3.4, 4), 0.41) == (0.41, [])
+    assert ge.case_gap(FakeTimer(4), RAW, 0.41) == (0.41, [])
 
 
-def test_case_gap_behind_a_programmatic_edge_is_measured_and_said(monkeypatch):
-    timer = FakeTimer(3.1, 2)
+def test_case_gap_behind_a_programmatic_edge_is_its_samples_median_less_the_cupti_span(monkeypatch):
+    timer = FakeTimer(2)
     monkeypatch.setattr(ge, "follows_flush_programmatically", lambda launch, flush: True)
 
     def profile(queue):
@@ -121,22 +121,29 @@ def test_case_gap_behind_a_programmatic_edge_is_measured_and_said(monkeypatch):
         return acts([(1000, [(1700, 4700)]), (6000, [(6600, 9600)])])  # spans of 3.0 us
 
     monkeypatch.setattr(cupti_session, "profile", profile)
-    gap, notes = ge.case_gap(timer, 0.41)
+    gap, notes = ge.case_gap(timer, RAW, 0.41)
     assert gap == pytest.approx(0.1) and timer.replayed == 1
     assert notes == [ge.PDL_NOTE.format(gap=gap, calibrated=0.41)]
+    gap, _ = ge.case_gap(timer, [x + 0.5 for x in RAW], 0.41)  # samples that pay more: capped
+    assert gap == 0.41
+
+
+def test_case_gap_without_samples_asks_nothing(monkeypatch):
+    monkeypatch.setattr(ge, "follows_flush_programmatically", lambda *a: pytest.fail("read the edges"))
+    assert ge.case_gap(FakeTimer(2), [], 0.41) == (0.41, [])
 
 
 def test_case_gap_keeps_the_calibrated_gap_and_says_why_when_cupti_cannot_read_the_graph(monkeypatch):
     monkeypatch.setattr(ge, "follows_flush_programmatically", lambda launch, flush: True)
     monkeypatch.setattr(cupti_session, "profile", lambda queue: acts([(1000, [(1300, 2000)])]))  # 1 pair of 2
-    gap, notes = ge.case_gap(FakeTimer(3.1, 2), 0.41)
+    gap, notes = ge.case_gap(FakeTimer(2), RAW, 0.41)
     assert gap == 0.41 and notes == [ge.UNMEASURED_NOTE.format(why="2 activities for 2 pairs")]
 
     def no_cupti(queue):
         raise RuntimeError("CUPTI unavailable")
 
     monkeypatch.setattr(cupti_session, "profile", no_cupti)
-    gap, notes = ge.case_gap(FakeTimer(3.1, 2), 0.41)
+    gap, notes = ge.case_gap(FakeTimer(2), RAW, 0.41)
     assert gap == 0.41 and "RuntimeError: CUPTI unavailable" in notes[0]
 
 

@@ -29,7 +29,7 @@ Launch gap: a graph sample is (kernel + the boundary to the next node) per launc
 the kernel; eager samples carry event and launch latency. MeasureSettings.launch_gap_us, measured
 against CUPTI by calibrate.py, is subtracted from every sample; raw_median_us keeps the uncorrected median.
 A cold graph whose kernel follows the flush over a programmatic edge has its own gap measured against
-CUPTI instead (pdl_gap.py).
+CUPTI instead, from its own samples once taken (pdl_gap.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from dskbench.measure.cuda_timer import (
     sleep_rate,
 )
 from dskbench.measure.pdl_gap import case_gap
-from dskbench.measure.sampling import assemble, drive, gap_for, launches_for, select_timer
+from dskbench.measure.sampling import assemble, drive, gap_for, launches_for, select_timer, subtract_gap
 from dskbench.measure.settings import Measurement, MeasureSettings
 
 MAX_EAGER_COLD_BATCH = 32  # launches per eager batch: each is ~4 queue entries (flush, 2 events, kernel)
@@ -287,12 +287,13 @@ def measure_cuda(
         gap_notes = []
         if gap is None and settings.launch_gap_us:
             gap_notes.append(f"no launch gap calibrated for {timer.method} {mode}: samples not corrected")
-        elif gap and isinstance(timer, GraphTimer) and timer.cold:
-            gap, gap_notes = case_gap(timer, gap)
         raw: list[float] = []
         t_sampling = time.perf_counter()
         try:
             stopper = drive(timer, settings, clocks, gap_us=gap, raw=raw)  # its last batch waited for the GPU
+            if gap and isinstance(timer, GraphTimer) and timer.cold:  # behind a PDL edge: the case's own gap
+                gap, gap_notes = case_gap(timer, raw, gap)
+                stopper.samples[:] = subtract_gap(raw, gap)
             t_done = time.perf_counter()
         finally:
             timer.close()

@@ -9,7 +9,6 @@ drops the first replay of every batch.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -107,12 +106,6 @@ class GraphTimer(CudaTimer):
         total = min(times[0]) / self.n
         flush = min(times[1]) / self.n if self.cold else 0.0
         return total, flush
-
-    def pair_us(self, reps: int) -> float:
-        """Median time per launch of the launch graph, less the flush graph's (cold), over `reps` replays."""
-        times = self._time_replays(reps)
-        flush = statistics.median(times[1]) if self.cold else 0.0
-        return (statistics.median(times[0]) - flush) / self.n
 
     def prepare(self) -> None:
         s = self.settings

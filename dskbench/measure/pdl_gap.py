@@ -6,10 +6,13 @@ that boundary. A kernel launched with programmatic dependent launch (PDL) is cap
 over an edge of programmatic type, and whether it still pays the boundary depends on the kernel:
 FlashInfer's norm kernels (what sgl-kernel's rmsnorm runs) do not, so the calibrated gap read them short
 of CUPTI, while SGLang's JIT rotary embedding and FlashInfer's MoE gate can. So for such a case
-the gap is measured, not assumed: the event timer's per-pair time less CUPTI's span of the case's own
-activities in the same graph (its first start to its last end, the span `dskbench fidelity` holds the
-timers to), kept between 0 and the calibrated gap. A kernel that starts during the flush and waits
-(FlashMLA's decode) spans more than the pair then, and gets no gap: its start was hidden by the flush.
+the gap is measured, not assumed: once the case is sampled, the median of its own uncorrected samples
+less CUPTI's span of the case's activities in one replay of the same graph (its first start to its last
+end, the span `dskbench fidelity` holds the timers to), kept between 0 and the calibrated gap. A kernel
+that starts during the flush and waits (FlashMLA's decode) spans more than the pair then, and gets no
+gap: its start was hidden by the flush. The gap comes from the samples themselves, not from replays
+timed apart from them, because how much of such a kernel's start the flush hides can differ between
+those replays and the sampling.
 
 The edge types come from the CUDA driver (`cuGraphGetEdges_v2`; CUDA 13 keeps only that signature, as
 `cuGraphGetEdges`), read from a throwaway capture of one [flush, launch] pair.
@@ -26,7 +29,6 @@ from dskbench.measure import cupti_session
 from dskbench.measure.batch_spans import device_activities
 
 PROGRAMMATIC = 1  # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-MEASURE_REPLAYS = 5  # event-timed replays of each graph for the per-pair time
 
 Edge = tuple[int, int, int]  # (from node, to node, dependency type)
 Activity = tuple[str, int, int]  # (name, start_ns, end_ns)
@@ -116,21 +118,22 @@ def pair_spans_us(acts: Sequence[Activity], pairs: int) -> list[float]:
 
 
 def bounded_gap(pair_us: float, spans_us: Sequence[float], calibrated: float) -> float:
-    """The boundary a case's samples carry: per-pair time less CUPTI's median span, in [0, calibrated]."""
+    """The boundary a case's samples carry: their per-pair time less CUPTI's median span, in
+    [0, calibrated]."""
     return min(max(pair_us - statistics.median(spans_us), 0.0), calibrated)
 
 
-def case_gap(timer: Any, calibrated: float) -> tuple[float, list[str]]:
-    """The launch gap to subtract from a prepared cold GraphTimer's samples, and the record's notes."""
-    if not follows_flush_programmatically(timer.launchers[0], timer.flush):
+def case_gap(timer: Any, raw_samples: Sequence[float], calibrated: float) -> tuple[float, list[str]]:
+    """The launch gap to subtract from a sampled cold GraphTimer's uncorrected samples, and the record's
+    notes: the calibrated gap unless the case follows its flush over a programmatic edge."""
+    if not raw_samples or not follows_flush_programmatically(timer.launchers[0], timer.flush):
         return calibrated, []
     try:
-        pair = timer.pair_us(MEASURE_REPLAYS)
         acts = device_activities(cupti_session.profile(lambda: timer.graphs[0].replay()))
         spans = pair_spans_us(acts, timer.n)
     except Exception as e:  # noqa: BLE001 - no CUPTI on this box: keep the calibrated gap, and say so
         return calibrated, [UNMEASURED_NOTE.format(why=f"{type(e).__name__}: {e}"[:200])]
     if not spans:
         return calibrated, [UNMEASURED_NOTE.format(why=f"{len(acts)} activities for {timer.n} pairs")]
-    gap = bounded_gap(pair, spans, calibrated)
+    gap = bounded_gap(statistics.median(raw_samples), spans, calibrated)
     return gap, [PDL_NOTE.format(gap=gap, calibrated=calibrated)]
