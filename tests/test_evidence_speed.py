@@ -60,20 +60,26 @@ def test_speed_plan_defers_the_longest_builds_and_runs_the_sweep_lane_alone(tmp_
     """By default the sweep lane's warm-up leaves out the builds recorded at 900 s or more and its sweep
     records their cases skipped (never building them inside the measured run); DEFER_BUILDS_S=0 builds
     everything. SPEED_LANES=sweep: that lane alone, its warm-up on every GPU and core of the job, its sweep
-    on the first GPU; another value is refused in one line."""
+    on the first GPU, then (two GPUs or more, unless SWEEP_ALL=0) the same sweep over all of them; another
+    value is refused in one line."""
     from dskbench.frontends.cli import build_parser
 
     cmds, lines = _plan(
         "speed.sh", tmp_path / "a", EVIDENCE_GPUS="2", EVIDENCE_CORES="32", SPEED_LANES="sweep"
     )
-    assert [ln.split()[1] for ln in lines] == ["warm", "sweep", "stats"]
-    warm, sweep = cmds[0], cmds[1]
+    assert [ln.split()[1] for ln in lines] == ["warm", "sweep", "stats", "sweep-all", "stats-all"]
+    warm, sweep, sweep_all = cmds[0], cmds[1], cmds[3]
     assert "CUDA_VISIBLE_DEVICES" not in lines[0] and "[CUDA_VISIBLE_DEVICES=0]" in lines[1]
+    assert "[CUDA_VISIBLE_DEVICES=0,1]" in lines[3]
     assert all("taskset" not in c for c in cmds)
     assert warm[warm.index("--defer-builds-over") + 1] == "900"
     assert "--build-ahead" in sweep and sweep[sweep.index("--defer-builds-over") + 1] == "900"
-    for c in (warm, sweep):
+    assert sweep_all[sweep_all.index("--gpus") + 1] == "all" and "--gpus" not in sweep
+    assert sweep_all[sweep_all.index("--out") + 1] != sweep[sweep.index("--out") + 1]
+    for c in (warm, sweep, sweep_all):
         build_parser().parse_args(c[3:])
+    _, lines = _plan("speed.sh", tmp_path / "d", EVIDENCE_GPUS="2", SPEED_LANES="sweep", SWEEP_ALL="0")
+    assert [ln.split()[1] for ln in lines] == ["warm", "sweep", "stats"]
     assert "--import" not in warm
     cmds, _ = _plan(
         "speed.sh", tmp_path / "c", EVIDENCE_GPUS="1", SPEED_LANES="sweep", JIT_CACHE="/x/fleet.tgz"

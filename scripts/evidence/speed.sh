@@ -13,6 +13,10 @@
 #                 deferred builds, `--build-ahead --defer-builds-over` records their cases skipped
 #                 instead of building them inside the measured run
 #     stats       `dskbench stats` of it (wall, item time by stage)
+#     sweep-all   with SPEED_LANES=sweep on a host of two or more GPUs (SWEEP_ALL=0 leaves it out): the
+#                 same sweep sharded over every GPU of the job (`--gpus all`), on the caches the warm-up
+#                 built, so one job gives the sweep on one GPU and on the whole host
+#     stats-all   `dskbench stats` of that
 #   lane fresh (second GPU, FRESH_CORES cores, default 16), in OUT/fresh:
 #     main-job    `bash scripts/run.sh` with empty JIT caches: its own HOME under OUT/fresh/home, so
 #                 FlashInfer's, tvm-ffi's, Triton's and torch's caches start empty; main_job.json is
@@ -93,6 +97,13 @@ sweep_lane() {
     step sweep "${SWEEP_SECONDS:-7200}" ${cpus[@]+"${cpus[@]}"} \
         python3 -m dskbench run --seed 7 --resume ${run_opts[@]+"${run_opts[@]}"} --out "$out/sweep.jsonl"
     step stats 600 python3 -m dskbench stats "$out/sweep.jsonl" --json "$out/stats.json"
+    if [ "$lanes" = sweep ] && [ "${#gpus[@]}" -ge 2 ] && [ "${SWEEP_ALL:-1}" != 0 ]; then
+        export CUDA_VISIBLE_DEVICES
+        CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${gpus[*]}")
+        step sweep-all "${SWEEP_SECONDS:-7200}" ${cpus[@]+"${cpus[@]}"} python3 -m dskbench run --gpus all \
+            --seed 7 --resume ${run_opts[@]+"${run_opts[@]}"} --out "$out/sweep-all.jsonl"
+        step stats-all 600 python3 -m dskbench stats "$out/sweep-all.jsonl" --json "$out/stats-all.json"
+    fi
 }
 
 fresh_lane() {
