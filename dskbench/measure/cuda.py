@@ -291,7 +291,7 @@ def measure_cuda(
         t_sampling = time.perf_counter()
         try:
             stopper = drive(timer, settings, clocks, gap_us=gap, raw=raw)  # its last batch waited for the GPU
-            if gap and isinstance(timer, GraphTimer) and timer.cold:  # behind a PDL edge: the case's own gap
+            if gap and isinstance(timer, GraphTimer) and timer.cold:  # its own gap, if behind a PDL edge
                 gap, gap_notes = case_gap(timer, raw, gap)
                 stopper.samples[:] = subtract_gap(raw, gap)
             t_done = time.perf_counter()
